@@ -1,0 +1,1 @@
+"""Usage, contribution, ledger, billing and credit. Math modules import no Django."""

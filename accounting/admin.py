@@ -1,0 +1,1 @@
+"""Accounting admin registrations arrive with the accounting models."""

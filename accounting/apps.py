@@ -1,0 +1,7 @@
+"""App config for accounting."""
+
+from django.apps import AppConfig
+
+
+class AccountingConfig(AppConfig):
+    name = "accounting"

@@ -1,0 +1,1 @@
+"""Accounting models land with contribution, billing and the ledger (issue 5)."""

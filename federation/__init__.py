@@ -1,0 +1,1 @@
+"""Sites, compute pools, federated jobs, the scheduler and the Flower boundary."""

@@ -1,0 +1,39 @@
+"""Django admin for sites, pools and jobs."""
+
+from django.contrib import admin
+
+from federation.models import ComputePool, FederatedJob, JobSite, RoundMetric, Site
+
+
+@admin.register(ComputePool)
+class ComputePoolAdmin(admin.ModelAdmin):
+    list_display = ["name", "institution", "slots"]
+    list_filter = ["institution"]
+
+
+@admin.register(Site)
+class SiteAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "institution", "pool"]
+    list_filter = ["institution"]
+    search_fields = ["slug", "name"]
+
+
+class JobSiteInline(admin.TabularInline):
+    model = JobSite
+    extra = 0
+    readonly_fields = ["site", "dataset_version", "status", "node_id", "rounds_completed", "last_error"]
+
+
+class RoundMetricInline(admin.TabularInline):
+    model = RoundMetric
+    extra = 0
+    readonly_fields = ["round", "train_loss", "eval_loss", "eval_accuracy", "num_examples", "sites_replied"]
+
+
+@admin.register(FederatedJob)
+class FederatedJobAdmin(admin.ModelAdmin):
+    list_display = ["id", "title", "project", "status", "flower_run_id", "created_at"]
+    list_filter = ["status"]
+    search_fields = ["title", "flower_run_id"]
+    readonly_fields = ["callback_token", "flower_run_id", "final_metrics", "failure_reason"]
+    inlines = [JobSiteInline, RoundMetricInline]

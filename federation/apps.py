@@ -1,0 +1,7 @@
+"""App config for federation."""
+
+from django.apps import AppConfig
+
+
+class FederationConfig(AppConfig):
+    name = "federation"

@@ -1,0 +1,1 @@
+"""The Flower App of the Federated Research Portal (imports no Django)."""

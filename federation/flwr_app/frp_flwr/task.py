@@ -1,0 +1,258 @@
+"""Model and data for the portal's Flower App: multinomial logistic regression in numpy.
+
+The model is softmax regression (Bishop, *Pattern Recognition and Machine Learning*, §4.3.4) trained by
+mini-batch SGD on standardised features. Standardisation uses *federated* statistics (every site's
+per-feature count, sum and sum of squares, combined by the ServerApp), so no site's raw values leave it.
+
+Data loading goes through the site's own sandbox (``sandbox.loader``): the ClientApp decrypts its dataset
+in memory with the site's key; nothing here sees another site's data. Imports are light on purpose:
+every Flower message starts a new ClientApp process.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# ---------------------------------------------------------------------------------------------
+# Job specification (sent by the portal in the run config as JSON)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SitePointer:
+    """Where a site finds the dataset version a job trains on (within the site's own store)."""
+
+    store_key: str
+    dataset: str
+    version: int
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """The parts of a job the Flower App needs; parsed from the ``job-spec`` run-config string.
+
+    ``sites`` maps site id → SitePointer; ``features`` empty means "every numeric column except the
+    target"; ``min_sites`` is the fewest replying sites a round may aggregate.
+    """
+
+    sites: dict[str, SitePointer]
+    target: str
+    features: list[str]
+    min_sites: int
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        """Parse the JSON the portal wrote. Raises ``ValueError`` when a field is missing."""
+        raw = json.loads(text)
+        try:
+            sites = {
+                site: SitePointer(str(p["store_key"]), str(p["dataset"]), int(p["version"]))
+                for site, p in raw["sites"].items()
+            }
+            return cls(
+                sites=sites,
+                target=str(raw["target"]),
+                features=[str(f) for f in raw.get("features", [])],
+                min_sites=int(raw.get("min_sites", len(sites))),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"job-spec is missing a field: {exc}") from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# Site-side data
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SiteData:
+    """A site's decrypted split, in memory only. ``X``: (n, d) float64; ``y_raw``: (n,) labels."""
+
+    X_train: np.ndarray
+    y_train_raw: np.ndarray
+    X_test: np.ndarray
+    y_test_raw: np.ndarray
+    features: list[str]
+
+
+def load_site_data(
+    node_config: dict, spec: JobSpec, *, test_fraction: float, seed: int
+) -> SiteData:
+    """Open this node's own dataset through its sandbox and split off its held-out part.
+
+    ``node_config`` carries ``site``, ``store`` (store URL) and ``keyring`` (directory path), set by
+    the site's operator on ``flower-supernode --node-config``. Raises ``SiteDataError`` when this site
+    is not part of the job or its data cannot be opened (message without file paths).
+    """
+    from sandbox import loader
+    from sandbox.keyring import SiteKeyring
+    from sandbox.storage import store_from_url
+
+    site = str(node_config["site"])
+    pointer = spec.sites.get(site)
+    if pointer is None:
+        raise SiteDataError(f"site {site!r} is not part of this job")
+    try:
+        store = store_from_url(str(node_config["store"]))
+        kek = SiteKeyring(Path(str(node_config["keyring"]))).get(site)
+        table = loader.load_table(
+            store=store,
+            kek=kek,
+            store_key=pointer.store_key,
+            site=site,
+            dataset=pointer.dataset,
+            version=pointer.version,
+        )
+        features = spec.features or [
+            c for c in table.columns if c != spec.target and table.data[c].dtype.kind in "fiu"
+        ]
+        missing = [c for c in [spec.target, *features] if c not in table.data]
+        if missing:
+            raise SiteDataError(f"site {site!r}: dataset has no column(s) {missing}")
+        X = np.column_stack([table.data[c].astype(np.float64) for c in features])
+        y = np.asarray(table.data[spec.target])
+    except SiteDataError:
+        raise
+    except Exception as exc:  # every sandbox error crosses the site boundary sanitised
+        raise SiteDataError(f"site {site!r}: {type(exc).__name__}: {sanitise(str(exc))}") from None
+    train_idx, test_idx = stratified_split(y, test_fraction=test_fraction, seed=seed)
+    return SiteData(X[train_idx], y[train_idx], X[test_idx], y[test_idx], features)
+
+
+class SiteDataError(Exception):
+    """A site cannot take part; the message is safe to send to the server (no paths, no values)."""
+
+
+_PATH_RE = re.compile(r"(?:[A-Za-z]:)?(?:/[\w.\-@+]+){2,}/?")
+
+
+def sanitise(text: str, limit: int = 300) -> str:
+    """Strip file-system paths from an error message and bound its length (characters)."""
+    return _PATH_RE.sub("<path>", text)[:limit]
+
+
+def stratified_split(
+    y: np.ndarray, *, test_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Deterministic stratified split: per class, a seeded permutation, ``test_fraction`` held out.
+
+    Returns ``(train_idx, test_idx)``, disjoint int arrays covering ``range(len(y))``.
+    """
+    rng = np.random.default_rng(seed)
+    train, test = [], []
+    for label in sorted(set(y.tolist()), key=str):
+        idx = np.flatnonzero(y == label)
+        idx = idx[rng.permutation(len(idx))]
+        n_test = int(round(len(idx) * test_fraction))
+        test.append(idx[:n_test])
+        train.append(idx[n_test:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+def label_keys(y_raw: np.ndarray) -> list[str]:
+    """The distinct labels of a site as strings (sorted), for the server's global class list."""
+    return sorted({_label_key(v) for v in y_raw.tolist()})
+
+
+def _label_key(value) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def encode_labels(y_raw: np.ndarray, classes: list[str]) -> np.ndarray:
+    """Map raw labels to indices of the job's global ``classes`` (strings). Unknown → ValueError."""
+    index = {c: i for i, c in enumerate(classes)}
+    try:
+        return np.array([index[_label_key(v)] for v in y_raw.tolist()], dtype=np.int64)
+    except KeyError as exc:
+        raise SiteDataError(f"label {exc.args[0]!r} is not among the job's classes") from None
+
+
+def sort_classes(keys: set[str]) -> list[str]:
+    """Sort class keys numerically when they all parse as numbers, else lexically."""
+    try:
+        return sorted(keys, key=float)
+    except ValueError:
+        return sorted(keys)
+
+
+def feature_sums(X: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    """Sufficient statistics for federated standardisation: ``(n, Σx (d,), Σx² (d,))``."""
+    return int(X.shape[0]), X.sum(axis=0), np.square(X).sum(axis=0)
+
+
+def combine_sums(parts: list[tuple[int, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Global mean and standard deviation (population) from per-site sums; std 0 → 1."""
+    n = sum(p[0] for p in parts)
+    if n == 0:
+        raise ValueError("no training examples at any site")
+    s = sum(p[1] for p in parts)
+    ss = sum(p[2] for p in parts)
+    mean = s / n
+    var = np.maximum(ss / n - np.square(mean), 0.0)
+    std = np.sqrt(var)
+    std[std == 0] = 1.0
+    return mean, std
+
+
+# ---------------------------------------------------------------------------------------------
+# Model: softmax regression
+# ---------------------------------------------------------------------------------------------
+
+
+def init_params(num_features: int, num_classes: int) -> list[np.ndarray]:
+    """Zero weights ``[W (d, C), b (C,)]`` — the convex problem needs no random start."""
+    return [np.zeros((num_features, num_classes)), np.zeros(num_classes)]
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def loss_and_accuracy(
+    params: list[np.ndarray], X: np.ndarray, y: np.ndarray
+) -> tuple[float, float]:
+    """Mean cross-entropy (nats) and accuracy (0..1) of ``params`` on standardised ``X``."""
+    if len(y) == 0:
+        return 0.0, 0.0
+    W, b = params
+    p = _softmax(X @ W + b)
+    loss = float(-np.log(np.clip(p[np.arange(len(y)), y], 1e-12, None)).mean())
+    acc = float((p.argmax(axis=1) == y).mean())
+    return loss, acc
+
+
+def train_sgd(
+    params: list[np.ndarray],
+    X: np.ndarray,
+    y: np.ndarray,
+    *,
+    epochs: int,
+    learning_rate: float,
+    batch_size: int,
+    seed: int,
+    l2: float = 1e-4,
+) -> tuple[list[np.ndarray], float]:
+    """Mini-batch SGD on cross-entropy + ``l2``·‖W‖²/2. Returns new params and the mean train loss."""
+    W, b = (p.copy() for p in params)
+    n = len(y)
+    rng = np.random.default_rng(seed)
+    onehot = np.eye(W.shape[1])[y]
+    for _ in range(epochs):
+        order = rng.permutation(n)
+        for start in range(0, n, batch_size):
+            idx = order[start : start + batch_size]
+            p = _softmax(X[idx] @ W + b)
+            grad = (p - onehot[idx]) / len(idx)
+            W -= learning_rate * (X[idx].T @ grad + l2 * W)
+            b -= learning_rate * grad.sum(axis=0)
+    loss, _ = loss_and_accuracy([W, b], X, y)
+    return [W, b], loss

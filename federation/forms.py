@@ -1,0 +1,79 @@
+"""The job submission form (validation of shapes here; of grants and schemas in ``job_submit``)."""
+
+from __future__ import annotations
+
+from django import forms
+
+from portal.selectors import projects_for_user
+from sandbox.selectors import usable_versions
+
+
+class DatasetChoiceField(forms.ModelMultipleChoiceField):
+    def label_from_instance(self, obj) -> str:
+        return (
+            f"{obj.dataset.title} — {obj.dataset.site.name} ({obj.dataset.site.institution.name}), "
+            f"v{obj.version}, {obj.row_count:,} rows"
+        )
+
+
+class JobSubmitForm(forms.Form):
+    """What a researcher chooses to run: project, one dataset per site, columns and training knobs."""
+
+    title = forms.CharField(
+        max_length=200, help_text="A short name you will recognise in the job list."
+    )
+    project = forms.ModelChoiceField(
+        queryset=None, help_text="The job runs under this project's access grants and budget."
+    )
+    datasets = DatasetChoiceField(
+        queryset=None,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="Datasets your projects hold a valid grant for. Choose one per site, at least two.",
+    )
+    target_column = forms.CharField(
+        max_length=200, help_text="The column to predict; it must exist at every chosen site."
+    )
+    feature_columns = forms.CharField(
+        required=False,
+        help_text="Comma-separated numeric columns. Leave empty to use every numeric column the "
+        "datasets share, except the target.",
+    )
+    num_rounds = forms.IntegerField(
+        min_value=1, max_value=100, initial=5, label="Rounds",
+        help_text="FedAvg rounds: each is local training at every site, then aggregation.",
+    )
+    local_epochs = forms.IntegerField(
+        min_value=1, max_value=100, initial=5, help_text="Passes over a site's data per round."
+    )
+    learning_rate = forms.FloatField(
+        min_value=1e-6, max_value=10.0, initial=0.1, help_text="SGD step size at each site."
+    )
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        projects = projects_for_user(user=user)
+        self.fields["project"].queryset = projects
+        self.fields["datasets"].queryset = self._versions_queryset(projects)
+
+    @staticmethod
+    def _versions_queryset(projects):
+        from sandbox.models import DatasetVersion
+
+        ids = [v.pk for v in usable_versions(projects=projects)]
+        return DatasetVersion.objects.filter(pk__in=ids).select_related(
+            "dataset__site__institution"
+        ).order_by("dataset__site__slug", "dataset__slug")
+
+    def clean_feature_columns(self) -> list[str]:
+        raw = self.cleaned_data.get("feature_columns", "")
+        cols = [c.strip() for c in raw.split(",") if c.strip()]
+        if len(set(cols)) != len(cols):
+            raise forms.ValidationError("A column is listed twice.")
+        return cols
+
+    def clean(self):
+        cleaned = super().clean()
+        target = cleaned.get("target_column")
+        if target and target in cleaned.get("feature_columns", []):
+            self.add_error("feature_columns", "The target column cannot also be a feature.")
+        return cleaned

@@ -1,0 +1,194 @@
+"""Sites, compute pools, federated jobs, per-site participation and round metrics."""
+
+import secrets
+
+from django.conf import settings
+from django.db import models
+
+
+class ComputePool(models.Model):
+    """An institution's compute capacity that runs SuperNode work, with a slot capacity."""
+
+    institution = models.ForeignKey(
+        "portal.Institution", on_delete=models.CASCADE, related_name="pools"
+    )
+    name = models.CharField(max_length=100)
+    slots = models.PositiveIntegerField(
+        default=1, help_text="How many federated jobs may train here at the same time."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["institution__name", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["institution", "name"], name="pool_unique_name"),
+            models.CheckConstraint(condition=models.Q(slots__gte=1), name="pool_slots_gte_1"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.institution.slug})"
+
+
+class Site(models.Model):
+    """One Flower SuperNode of an institution, beside that institution's data sandbox."""
+
+    institution = models.ForeignKey(
+        "portal.Institution", on_delete=models.CASCADE, related_name="sites"
+    )
+    pool = models.ForeignKey(ComputePool, on_delete=models.PROTECT, related_name="sites")
+    slug = models.SlugField(unique=True, help_text="The site id the SuperNode reports.")
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class JobStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    LAUNCHING = "launching", "Launching"
+    RUNNING = "running", "Running"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    STOPPED = "stopped", "Stopped"
+
+    @classmethod
+    def terminal(cls) -> set[str]:
+        return {cls.COMPLETED, cls.FAILED, cls.STOPPED}
+
+    @classmethod
+    def active(cls) -> set[str]:
+        return {cls.QUEUED, cls.LAUNCHING, cls.RUNNING}
+
+
+def _new_callback_token() -> str:
+    return secrets.token_hex(32)
+
+
+class FederatedJob(models.Model):
+    """A federated-learning job of a project, run as one Flower run on the SuperLink."""
+
+    project = models.ForeignKey("portal.Project", on_delete=models.PROTECT, related_name="jobs")
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs"
+    )
+    title = models.CharField(max_length=200)
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED)
+    status_detail = models.TextField(blank=True, help_text="Readable reason for the status.")
+
+    target_column = models.CharField(max_length=200)
+    feature_columns = models.JSONField(default=list)
+    model = models.CharField(max_length=32, default="logreg")
+    strategy = models.CharField(max_length=32, default="fedavg")
+    num_rounds = models.PositiveIntegerField(default=5)
+    local_epochs = models.PositiveIntegerField(default=5)
+    learning_rate = models.FloatField(default=0.1)
+
+    flower_run_id = models.CharField(max_length=32, blank=True, help_text="uint64, as text.")
+    callback_token = models.CharField(max_length=64, default=_new_callback_token, editable=False)
+    final_metrics = models.JSONField(default=dict, blank=True)
+    failure_reason = models.TextField(blank=True, help_text="Reason reported by the ServerApp.")
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(num_rounds__gte=1) & models.Q(num_rounds__lte=100),
+                name="job_rounds_range",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(learning_rate__gt=0), name="job_learning_rate_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.title}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in JobStatus.terminal()
+
+    @property
+    def rounds_done(self) -> int:
+        return self.round_metrics.count()
+
+
+class JobSiteStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    TRAINING = "training", "Training"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    DROPPED = "dropped", "Dropped"
+
+
+class JobSite(models.Model):
+    """One site's participation in a job, with the dataset version it trains on."""
+
+    job = models.ForeignKey(FederatedJob, on_delete=models.CASCADE, related_name="sites")
+    site = models.ForeignKey(Site, on_delete=models.PROTECT, related_name="job_sites")
+    dataset_version = models.ForeignKey(
+        "sandbox.DatasetVersion", on_delete=models.PROTECT, related_name="job_sites"
+    )
+    status = models.CharField(
+        max_length=16, choices=JobSiteStatus.choices, default=JobSiteStatus.PENDING
+    )
+    node_id = models.CharField(max_length=32, blank=True, help_text="Flower node id (uint64).")
+    rounds_completed = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+    final_metrics = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["site__slug"]
+        constraints = [models.UniqueConstraint(fields=["job", "site"], name="job_site_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.job} @ {self.site.slug}"
+
+
+class RoundMetric(models.Model):
+    """The aggregated result of one FedAvg round (example-weighted over replying sites)."""
+
+    job = models.ForeignKey(FederatedJob, on_delete=models.CASCADE, related_name="round_metrics")
+    round = models.PositiveIntegerField()
+    train_loss = models.FloatField(null=True)
+    eval_loss = models.FloatField(null=True)
+    eval_accuracy = models.FloatField(null=True)
+    num_examples = models.PositiveIntegerField(default=0)
+    sites_replied = models.PositiveIntegerField(default=0)
+    wall_seconds = models.FloatField(null=True, help_text="Server-side duration of the round.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["job", "round"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "round"], name="round_metric_unique")
+        ]
+
+
+class SiteRoundMetric(models.Model):
+    """One site's reply in one round: examples, loss, accuracy and metered time."""
+
+    job_site = models.ForeignKey(JobSite, on_delete=models.CASCADE, related_name="round_metrics")
+    round = models.PositiveIntegerField()
+    ok = models.BooleanField(default=True)
+    error = models.TextField(blank=True)
+    train_examples = models.PositiveIntegerField(default=0)
+    eval_examples = models.PositiveIntegerField(default=0)
+    train_loss = models.FloatField(null=True)
+    eval_loss = models.FloatField(null=True)
+    eval_accuracy = models.FloatField(null=True)
+    cpu_seconds = models.FloatField(default=0.0)
+    wall_seconds = models.FloatField(default=0.0)
+
+    class Meta:
+        ordering = ["job_site", "round"]
+        constraints = [
+            models.UniqueConstraint(fields=["job_site", "round"], name="site_round_metric_unique")
+        ]

@@ -1,0 +1,208 @@
+"""The local federation of the embedded default: one SuperLink and one SuperNode per local site.
+
+Each process gets its own ``FLWR_HOME`` and a free loopback port; each SuperNode is told its site id,
+its store URL and its keyring directory through ``--node-config`` (so the ClientApp opens only that
+site's data). The state file (``<root>/federation.json``) records pids, ports and log files so other
+processes (the portal, tests, benchmarks) can find and stop it. Imports no Django.
+
+In a multi-host deployment each institution runs its own SuperNode (see docker-compose.yml) and this
+module is not used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+class RuntimeError_(Exception):
+    """The local federation could not be started or found."""
+
+
+@dataclass
+class LocalSite:
+    """A site of the local federation: its id, its store URL and its keyring directory."""
+
+    site: str
+    store_url: str
+    keyring: str
+
+
+@dataclass
+class FederationState:
+    """What ``federation.json`` holds: the SuperLink address and every process started."""
+
+    root: str
+    superlink_address: str
+    superlink_pid: int
+    supernodes: dict[str, int] = field(default_factory=dict)  # site → pid
+    logs: dict[str, str] = field(default_factory=dict)  # process name → log file
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _bin(name: str) -> str:
+    """The console script ``name`` of this Python environment (falls back to PATH)."""
+    candidate = Path(sys.executable).with_name(name)
+    return str(candidate) if candidate.exists() else (shutil.which(name) or name)
+
+
+def _env(flwr_home: Path) -> dict[str, str]:
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.update({"FLWR_HOME": str(flwr_home), "FLWR_TELEMETRY_ENABLED": "0"})
+    return env
+
+
+def _wait_port(host: str, port: int, timeout: float, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise RuntimeError_(f"process exited with {proc.returncode}; log tail:\n{tail}")
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            if s.connect_ex((host, port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError_(f"nothing listening on {host}:{port} after {timeout:.0f} s")
+
+
+def write_control_config(flwr_home: Path, name: str, address: str) -> Path:
+    """Write ``$FLWR_HOME/config.toml`` naming the SuperLink connection ``name`` at ``address``."""
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    path = flwr_home / "config.toml"
+    path.write_text(
+        f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\n'
+        f'address = "{address}"\ninsecure = true\n'
+    )
+    return path
+
+
+def start(root: Path, sites: list[LocalSite], *, host: str = "127.0.0.1") -> FederationState:
+    """Start a SuperLink and one SuperNode per site under ``root``; return their state.
+
+    Raises ``RuntimeError_`` (after stopping what it started) when a process does not come up.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    logs = root / "logs"
+    logs.mkdir(exist_ok=True)
+    port = free_port(host)
+    sl_log = logs / "superlink.log"
+    superlink = subprocess.Popen(
+        [
+            _bin("flower-superlink"),
+            "--insecure",
+            "--disable-runtime-dependency-installation",
+            "--database",
+            str(root / "superlink.db"),
+            "--host",
+            host,
+            "--port",
+            str(port),
+        ],
+        env=_env(root / "superlink-home"),
+        stdout=sl_log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    state = FederationState(
+        root=str(root),
+        superlink_address=f"{host}:{port}",
+        superlink_pid=superlink.pid,
+        logs={"superlink": str(sl_log)},
+    )
+    try:
+        _wait_port(host, port, 60, superlink, sl_log)
+        for site in sites:
+            node_port = free_port(host)
+            log = logs / f"supernode-{site.site}.log"
+            node_config = (
+                f'site="{site.site}" store="{site.store_url}" keyring="{site.keyring}"'
+            )
+            proc = subprocess.Popen(
+                [
+                    _bin("flower-supernode"),
+                    "--insecure",
+                    "--superlink",
+                    state.superlink_address,
+                    "--host",
+                    host,
+                    "--port",
+                    str(node_port),
+                    "--node-config",
+                    node_config,
+                ],
+                env=_env(root / f"supernode-{site.site}-home"),
+                stdout=log.open("ab"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            state.supernodes[site.site] = proc.pid
+            state.logs[f"supernode-{site.site}"] = str(log)
+            _wait_port(host, node_port, 60, proc, log)
+    except Exception:
+        stop(state)
+        raise
+    (root / "federation.json").write_text(json.dumps(asdict(state), indent=2))
+    return state
+
+
+def load_state(root: Path) -> FederationState:
+    """Read ``federation.json``. Raises ``RuntimeError_`` when the federation was never started."""
+    path = root / "federation.json"
+    if not path.exists():
+        raise RuntimeError_(f"no local federation at {root} (start it with `manage.py federation_up`)")
+    return FederationState(**json.loads(path.read_text()))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def is_running(state: FederationState) -> bool:
+    """True when the SuperLink and every SuperNode process is alive."""
+    return all(_alive(p) for p in [state.superlink_pid, *state.supernodes.values()])
+
+
+def stop(state: FederationState, *, timeout: float = 10.0) -> None:
+    """Stop every process of ``state`` (SIGTERM to each process group, then SIGKILL)."""
+    pids = [*state.supernodes.values(), state.superlink_pid]
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while _alive(pid) and time.monotonic() < deadline:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            time.sleep(0.1)
+        if _alive(pid):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    path = Path(state.root) / "federation.json"
+    if path.exists():
+        path.unlink()

@@ -1,0 +1,64 @@
+"""Reads of federated jobs, scoped to the user's projects."""
+
+from __future__ import annotations
+
+from django.db.models import Count, Prefetch
+
+from federation.models import FederatedJob, JobSite, RoundMetric, SiteRoundMetric
+from portal.selectors import projects_for_user
+
+
+def jobs_for_user(*, user):
+    """Jobs of the user's projects, newest first, with project, submitter and round count."""
+    return (
+        FederatedJob.objects.filter(project__in=projects_for_user(user=user))
+        .select_related("project", "submitted_by")
+        .annotate(n_rounds=Count("round_metrics", distinct=True), n_sites=Count("sites", distinct=True))
+        .order_by("-created_at", "-id")
+    )
+
+
+def job_detail(*, user, pk: int) -> FederatedJob:
+    """One job of the user's projects with sites and their datasets; ``DoesNotExist`` otherwise."""
+    return (
+        FederatedJob.objects.filter(project__in=projects_for_user(user=user))
+        .select_related("project", "submitted_by")
+        .prefetch_related(
+            Prefetch(
+                "sites",
+                queryset=JobSite.objects.select_related(
+                    "site__institution", "dataset_version__dataset"
+                ),
+            )
+        )
+        .get(pk=pk)
+    )
+
+
+def job_progress(*, job: FederatedJob) -> dict:
+    """Everything the live progress panel shows: rounds, per-site rows, chart series.
+
+    Returns ``{"rounds": [RoundMetric], "sites": [JobSite], "site_rounds": {site_id: [SiteRoundMetric]},
+    "chart": {"round": [int], "eval_accuracy": [float|None], "eval_loss": [...], "train_loss": [...]},
+    "percent": int 0..100}``.
+    """
+    rounds = list(RoundMetric.objects.filter(job=job).order_by("round"))
+    sites = list(job.sites.select_related("site__institution", "dataset_version__dataset"))
+    site_rounds: dict[int, list[SiteRoundMetric]] = {s.pk: [] for s in sites}
+    for m in SiteRoundMetric.objects.filter(job_site__job=job).order_by("round"):
+        site_rounds[m.job_site_id].append(m)
+    for s in sites:
+        s.round_rows = site_rounds[s.pk]
+        s.last_round = site_rounds[s.pk][-1] if site_rounds[s.pk] else None
+    percent = 100 if job.status == "completed" else int(100 * len(rounds) / max(job.num_rounds, 1))
+    return {
+        "rounds": rounds,
+        "sites": sites,
+        "percent": min(percent, 100),
+        "chart": {
+            "round": [r.round for r in rounds],
+            "eval_accuracy": [r.eval_accuracy for r in rounds],
+            "eval_loss": [r.eval_loss for r in rounds],
+            "train_loss": [r.train_loss for r in rounds],
+        },
+    }

@@ -1,0 +1,456 @@
+"""Writes of federated jobs: submit, launch, record callbacks, reconcile with the SuperLink, stop.
+
+State machine (``JobStatus``), all transitions here::
+
+    QUEUED ──launch──▶ LAUNCHING ──run submitted──▶ RUNNING ──SuperLink finished──▶ COMPLETED
+       ▲                   │                           │                          ├▶ FAILED
+       └─ stale, no run ◀──┘── submit refused ──▶ FAILED └── stop ──▶ STOPPED      └▶ STOPPED
+
+The SuperLink is authoritative for a run's end (``job_reconcile``); callbacks from the ServerApp only
+add metrics. Every service re-reads state under a row lock first, so a second delivery of a task or
+callback changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import timedelta
+from functools import partial
+
+from django.conf import settings
+from django.db import transaction
+from django.urls import reverse
+from django.utils import timezone
+
+from federation import scheduler, superlink
+from federation.models import (
+    FederatedJob,
+    JobSite,
+    JobSiteStatus,
+    JobStatus,
+    RoundMetric,
+    SiteRoundMetric,
+)
+from portal.permissions import can
+from portal.services import audit_record
+from sandbox import selectors as sandbox_selectors
+
+log = logging.getLogger(__name__)
+
+MIN_SITES = 2
+STALE_LAUNCH = timedelta(minutes=3)
+
+
+class JobError(Exception):
+    """A job request is invalid; ``field_errors`` maps form fields to messages."""
+
+    def __init__(self, message: str, field_errors: dict[str, list[str]] | None = None):
+        super().__init__(message)
+        self.field_errors = field_errors or {}
+
+
+def superlink_connection() -> superlink.Connection:
+    """The SuperLink connection from settings."""
+    return superlink.Connection(
+        flwr_home=settings.FRP_FLWR_HOME,
+        federation=settings.FRP_FEDERATION_NAME,
+        app_dir=settings.FRP_FLWR_APP_DIR,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Submit
+# ---------------------------------------------------------------------------------------------
+
+
+def _validate_columns(versions, target: str, features: list[str]) -> list[str]:
+    """Check target/feature columns against every schema; return the feature list to use."""
+    errors: dict[str, list[str]] = {}
+    types = [{c["name"]: c["type"] for c in v.schema} for v in versions]
+    for v, schema in zip(versions, types, strict=True):
+        if target not in schema:
+            errors.setdefault("target_column", []).append(
+                f"{v.dataset} has no column {target!r} (columns: {', '.join(schema)})"
+            )
+    if not features:
+        numeric = [
+            {n for n, t in s.items() if t in ("int", "float") and n != target} for s in types
+        ]
+        common = set.intersection(*numeric) if numeric else set()
+        features = [c["name"] for c in versions[0].schema if c["name"] in common]
+        if not features:
+            errors.setdefault("feature_columns", []).append(
+                "the selected datasets share no numeric column besides the target"
+            )
+    else:
+        for v, schema in zip(versions, types, strict=True):
+            bad = [f for f in features if schema.get(f) not in ("int", "float")]
+            if bad:
+                errors.setdefault("feature_columns", []).append(
+                    f"{v.dataset}: {', '.join(bad)} missing or not numeric"
+                )
+    if errors:
+        raise JobError("the datasets do not fit the job", errors)
+    return features
+
+
+@transaction.atomic
+def job_submit(
+    *,
+    by,
+    project,
+    dataset_versions: list,
+    title: str,
+    target_column: str,
+    feature_columns: list[str] | None = None,
+    num_rounds: int = 5,
+    local_epochs: int = 5,
+    learning_rate: float = 0.1,
+) -> FederatedJob:
+    """Validate and queue a job; its launch is queued after the transaction commits.
+
+    Checks: ``by`` may submit in ``project``; at least ``MIN_SITES`` datasets, one per site; every
+    dataset under a valid grant for the project; target and feature columns present (features numeric)
+    in every schema. Raises ``JobError`` (with per-field messages) otherwise.
+    """
+    if not can(by, "job.submit", project):
+        raise JobError("you are not a member of this project", {"project": ["not a member"]})
+    versions = list(dataset_versions)
+    sites = [v.dataset.site for v in versions]
+    if len(versions) < MIN_SITES:
+        raise JobError(
+            "too few sites", {"datasets": [f"choose datasets from at least {MIN_SITES} sites"]}
+        )
+    if len({s.pk for s in sites}) != len(sites):
+        raise JobError("one dataset per site", {"datasets": ["choose one dataset per site"]})
+    ungranted = [
+        str(v.dataset)
+        for v in versions
+        if not sandbox_selectors.has_valid_grant(project=project, dataset=v.dataset)
+    ]
+    if ungranted:
+        raise JobError(
+            "no valid grant",
+            {"datasets": [f"no valid access grant for this project: {', '.join(ungranted)}"]},
+        )
+    features = _validate_columns(versions, target_column, list(feature_columns or []))
+    job = FederatedJob.objects.create(
+        project=project,
+        submitted_by=by,
+        title=title,
+        target_column=target_column,
+        feature_columns=features,
+        num_rounds=num_rounds,
+        local_epochs=local_epochs,
+        learning_rate=learning_rate,
+    )
+    JobSite.objects.bulk_create(
+        [JobSite(job=job, site=v.dataset.site, dataset_version=v) for v in versions]
+    )
+    audit_record(
+        by=by, action="job.submit", target=job, institution=project.institution,
+        sites=[s.slug for s in sites],
+    )
+    from federation.tasks import job_launch_task
+
+    transaction.on_commit(partial(job_launch_task.delay, job.pk))
+    return job
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch
+# ---------------------------------------------------------------------------------------------
+
+
+def _run_config(job: FederatedJob) -> dict:
+    spec = {
+        "sites": {
+            js.site.slug: {
+                "store_key": js.dataset_version.store_key,
+                "dataset": js.dataset_version.dataset.slug,
+                "version": js.dataset_version.version,
+            }
+            for js in job.sites.select_related("site", "dataset_version__dataset")
+        },
+        "target": job.target_column,
+        "features": job.feature_columns,
+        "min_sites": MIN_SITES,
+    }
+    callback = settings.FRP_CALLBACK_BASE_URL.rstrip("/") + reverse(
+        "federation:job_callback", args=[job.pk]
+    )
+    return {
+        "job-id": job.pk,
+        "job-spec": json.dumps(spec, separators=(",", ":")),
+        "callback-url": callback,
+        "callback-token": job.callback_token,
+        "num-rounds": job.num_rounds,
+        "local-epochs": job.local_epochs,
+        "learning-rate": float(job.learning_rate),
+        "round-timeout": float(settings.FRP_ROUND_TIMEOUT),
+    }
+
+
+def _fail(job: FederatedJob, reason: str) -> None:
+    job.status = JobStatus.FAILED
+    job.status_detail = reason
+    job.finished_at = timezone.now()
+    job.save(update_fields=["status", "status_detail", "finished_at"])
+    audit_record(by=None, action="job.fail", target=job, institution=job.project.institution, reason=reason)
+
+
+def job_launch(*, job_id: int) -> FederatedJob:
+    """Admit a QUEUED job and submit its Flower run. Does nothing for a job in any other state.
+
+    Grants are checked again (one may have expired or been revoked since submission). When the
+    pools are busy the job stays QUEUED with the reason; the periodic reconcile tries again.
+    """
+    with transaction.atomic():
+        job = FederatedJob.objects.select_for_update().get(pk=job_id)
+        if job.status != JobStatus.QUEUED:
+            return job
+        lost = [
+            js.site.slug
+            for js in job.sites.select_related("site", "dataset_version__dataset")
+            if not sandbox_selectors.has_valid_grant(
+                project=job.project, dataset=js.dataset_version.dataset
+            )
+        ]
+        if lost:
+            _fail(job, f"access grant no longer valid for site(s): {', '.join(lost)}")
+            return job
+        admitted, reason = scheduler.admit(job)
+        if not admitted:
+            if job.status_detail != reason:
+                job.status_detail = reason
+                job.save(update_fields=["status_detail"])
+            return job
+        job.status = JobStatus.LAUNCHING
+        job.status_detail = "submitting the run to the SuperLink"
+        job.started_at = timezone.now()
+        job.save(update_fields=["status", "status_detail", "started_at"])
+        run_config = _run_config(job)
+
+    try:
+        run_id = superlink.run_submit(superlink_connection(), run_config)
+    except superlink.SuperLinkError as exc:
+        with transaction.atomic():
+            job = FederatedJob.objects.select_for_update().get(pk=job_id)
+            if job.status == JobStatus.LAUNCHING:
+                _fail(job, f"the SuperLink refused the run: {exc}")
+        return job
+
+    with transaction.atomic():
+        job = FederatedJob.objects.select_for_update().get(pk=job_id)
+        job.flower_run_id = run_id
+        if job.status == JobStatus.LAUNCHING:
+            job.status = JobStatus.RUNNING
+            job.status_detail = f"Flower run {run_id} started"
+        job.save(update_fields=["flower_run_id", "status", "status_detail"])
+        audit_record(by=None, action="job.launch", target=job, institution=job.project.institution, run_id=run_id)
+    return job
+
+
+# ---------------------------------------------------------------------------------------------
+# Callbacks from the ServerApp
+# ---------------------------------------------------------------------------------------------
+
+
+def _opt_float(value) -> float | None:
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if f != f else f  # NaN → None
+
+
+@transaction.atomic
+def job_callback_record(*, job_id: int, payload: dict) -> dict:
+    """Record one ServerApp event (``started``, ``round``, ``finished``, ``failed``); idempotent.
+
+    Returns the answer for the ServerApp: ``{"ok": true, "drop_sites": [site ids]}`` — sites whose
+    grant is no longer valid, to be dropped from the next round. Raises ``JobError`` for an event on a
+    job that is not running.
+    """
+    job = FederatedJob.objects.select_for_update().get(pk=job_id)
+    if job.status not in (JobStatus.LAUNCHING, JobStatus.RUNNING):
+        raise JobError(f"job is {job.status}; callbacks are accepted only while it runs")
+    sites = {js.site.slug: js for js in job.sites.select_related("site", "dataset_version__dataset")}
+    event = payload.get("event")
+
+    if event == "started":
+        for slug, node_id in (payload.get("nodes") or {}).items():
+            if slug in sites:
+                js = sites[slug]
+                js.node_id = str(node_id)
+                js.status = JobSiteStatus.TRAINING
+                js.save(update_fields=["node_id", "status"])
+        for slug, error in (payload.get("errors") or {}).items():
+            if slug in sites:
+                sites[slug].status = JobSiteStatus.FAILED
+                sites[slug].last_error = str(error)[:2000]
+                sites[slug].save(update_fields=["status", "last_error"])
+    elif event == "round":
+        rnd = int(payload["round"])
+        for slug, info in (payload.get("sites") or {}).items():
+            js = sites.get(slug)
+            if js is None:
+                continue
+            ok = bool(info.get("ok", False))
+            SiteRoundMetric.objects.update_or_create(
+                job_site=js,
+                round=rnd,
+                defaults={
+                    "ok": ok,
+                    "error": str(info.get("error", ""))[:2000],
+                    "train_examples": int(info.get("train_examples", 0)),
+                    "eval_examples": int(info.get("eval_examples", 0)),
+                    "train_loss": _opt_float(info.get("train_loss")),
+                    "eval_loss": _opt_float(info.get("eval_loss")),
+                    "eval_accuracy": _opt_float(info.get("eval_accuracy")),
+                    "cpu_seconds": float(info.get("cpu_seconds", 0.0)),
+                    "wall_seconds": float(info.get("wall_seconds", 0.0)),
+                },
+            )
+            js.rounds_completed = js.round_metrics.filter(ok=True).count()
+            if not ok:
+                js.status = JobSiteStatus.DROPPED
+                js.last_error = str(info.get("error", ""))[:2000]
+            js.save(update_fields=["rounds_completed", "status", "last_error"])
+        if not payload.get("partial"):
+            RoundMetric.objects.update_or_create(
+                job=job,
+                round=rnd,
+                defaults={
+                    "train_loss": _opt_float(payload.get("train_loss")),
+                    "eval_loss": _opt_float(payload.get("eval_loss")),
+                    "eval_accuracy": _opt_float(payload.get("eval_accuracy")),
+                    "num_examples": int(payload.get("train_examples", 0)),
+                    "sites_replied": sum(1 for i in payload.get("sites", {}).values() if i.get("ok")),
+                    "wall_seconds": _opt_float(payload.get("wall_seconds")),
+                },
+            )
+    elif event == "finished":
+        job.final_metrics = {
+            "eval_accuracy": _opt_float(payload.get("eval_accuracy")),
+            "eval_loss": _opt_float(payload.get("eval_loss")),
+            "eval_examples": int(payload.get("eval_examples", 0)),
+            "rounds": int(payload.get("rounds", 0)),
+            "classes": payload.get("classes", []),
+            "model": payload.get("model", []),
+        }
+        job.save(update_fields=["final_metrics"])
+        for slug, info in (payload.get("sites") or {}).items():
+            if slug in sites:
+                sites[slug].final_metrics = {
+                    k: info.get(k) for k in ("eval_accuracy", "eval_loss", "eval_examples")
+                }
+                sites[slug].save(update_fields=["final_metrics"])
+    elif event == "failed":
+        job.failure_reason = str(payload.get("reason", "the ServerApp failed"))[:4000]
+        job.status_detail = job.failure_reason
+        job.save(update_fields=["failure_reason", "status_detail"])
+    else:
+        raise JobError(f"unknown event {event!r}")
+
+    drop = [
+        slug
+        for slug, js in sites.items()
+        if not sandbox_selectors.has_valid_grant(project=job.project, dataset=js.dataset_version.dataset)
+    ]
+    return {"ok": True, "drop_sites": drop}
+
+
+# ---------------------------------------------------------------------------------------------
+# Reconcile and stop
+# ---------------------------------------------------------------------------------------------
+
+_FINAL = {"completed": JobStatus.COMPLETED, "failed": JobStatus.FAILED, "stopped": JobStatus.STOPPED}
+
+
+def job_reconcile(*, job_id: int) -> FederatedJob:
+    """Bring one job in line with the SuperLink (authoritative for a run's end).
+
+    QUEUED → try to launch; LAUNCHING with no run id for longer than ``STALE_LAUNCH`` → back to QUEUED
+    (a crash between admission and submission); RUNNING → read ``flwr ls`` and finish the job when the
+    run has finished. A SuperLink that cannot be reached leaves the job as it is.
+    """
+    job = FederatedJob.objects.get(pk=job_id)
+    if job.status == JobStatus.QUEUED:
+        return job_launch(job_id=job_id)
+    if job.status == JobStatus.LAUNCHING and not job.flower_run_id:
+        if job.started_at and timezone.now() - job.started_at > STALE_LAUNCH:
+            with transaction.atomic():
+                job = FederatedJob.objects.select_for_update().get(pk=job_id)
+                if job.status == JobStatus.LAUNCHING and not job.flower_run_id:
+                    job.status = JobStatus.QUEUED
+                    job.status_detail = "launch did not finish; queued again"
+                    job.save(update_fields=["status", "status_detail"])
+        return job
+    if job.status not in (JobStatus.RUNNING, JobStatus.LAUNCHING) or not job.flower_run_id:
+        return job
+    try:
+        run = superlink.run_status(superlink_connection(), job.flower_run_id)
+    except superlink.SuperLinkError as exc:
+        log.warning("reconcile job %s: %s", job_id, exc)
+        return job
+    if not run.is_finished:
+        return job
+    return _job_finish(job_id=job_id, run=run)
+
+
+@transaction.atomic
+def _job_finish(*, job_id: int, run: superlink.RunStatus) -> FederatedJob:
+    job = FederatedJob.objects.select_for_update().get(pk=job_id)
+    if job.is_terminal:
+        return job
+    status = _FINAL.get(run.sub_status, JobStatus.FAILED)
+    if status == JobStatus.COMPLETED and not job.final_metrics:
+        status = JobStatus.FAILED
+        job.status_detail = "the run finished without reporting final results to the portal"
+    job.status = status
+    job.finished_at = timezone.now()
+    if status == JobStatus.COMPLETED:
+        job.status_detail = f"Flower run {run.run_id} completed"
+    elif status == JobStatus.FAILED and not job.status_detail.startswith("the run finished"):
+        job.status_detail = (
+            job.failure_reason or run.details or f"Flower run {run.run_id} failed"
+        )
+    else:
+        job.status_detail = f"Flower run {run.run_id} {run.sub_status}"
+    job.save(update_fields=["status", "status_detail", "finished_at"])
+    site_status = JobSiteStatus.COMPLETED if status == JobStatus.COMPLETED else JobSiteStatus.FAILED
+    job.sites.exclude(status__in=[JobSiteStatus.DROPPED, JobSiteStatus.FAILED]).update(
+        status=site_status
+    )
+    audit_record(by=None, action=f"job.{status}", target=job, institution=job.project.institution)
+    return job
+
+
+def job_stop(*, by, job_id: int) -> FederatedJob:
+    """Stop a job: a queued one at once, a running one through the SuperLink."""
+    with transaction.atomic():
+        job = FederatedJob.objects.select_for_update().get(pk=job_id)
+        if not can(by, "job.stop", job):
+            raise JobError("you may not stop this job")
+        if job.is_terminal:
+            return job
+        audit_record(by=by, action="job.stop", target=job, institution=job.project.institution)
+        if job.status == JobStatus.QUEUED or not job.flower_run_id:
+            job.status = JobStatus.STOPPED
+            job.status_detail = f"stopped by {by} before it ran"
+            job.finished_at = timezone.now()
+            job.save(update_fields=["status", "status_detail", "finished_at"])
+            return job
+        run_id = job.flower_run_id
+    try:
+        superlink.run_stop(superlink_connection(), run_id)
+    except superlink.SuperLinkError as exc:
+        raise JobError(f"the SuperLink could not stop run {run_id}: {exc}") from exc
+    with transaction.atomic():
+        job = FederatedJob.objects.select_for_update().get(pk=job_id)
+        if not job.is_terminal:
+            job.status_detail = f"stop requested by {by}"
+            job.save(update_fields=["status_detail"])
+    return job

@@ -1,0 +1,129 @@
+"""Boundary to the Flower SuperLink's control API, through the pinned ``flwr`` CLI (flwr 1.42.0).
+
+Contract:
+
+- ``run_submit(run_config)`` builds the Flower App in ``FRP_FLWR_APP_DIR`` and starts one run on the
+  federation named in ``$FLWR_HOME/config.toml``; returns the run id (uint64) as a string.
+- ``run_status(run_id)`` returns a ``RunStatus`` (``status`` is ``pending|starting|running|finished``,
+  ``sub_status`` is ``completed|failed|stopped`` once finished, plus details and usage figures).
+- ``run_stop(run_id)`` asks the SuperLink to stop a run.
+
+Every call uses ``--format json`` and checks ``success`` (the CLI exits 0 even on error). Failures
+raise ``SuperLinkError`` with the CLI's message. Nothing outside this module sees the CLI or its JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+CLI_TIMEOUT_SECONDS = 120
+
+
+class SuperLinkError(Exception):
+    """The SuperLink refused a request or could not be reached."""
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """A run as the SuperLink reports it. Times in seconds, traffic in bytes (when reported)."""
+
+    run_id: str
+    status: str
+    sub_status: str
+    details: str
+    raw: dict
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == "finished"
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Where the CLI finds the SuperLink: its ``FLWR_HOME`` and the federation (connection) name."""
+
+    flwr_home: Path
+    federation: str
+    app_dir: Path
+
+
+def _flwr() -> str:
+    candidate = Path(sys.executable).with_name("flwr")
+    return str(candidate) if candidate.exists() else "flwr"
+
+
+def _call(conn: Connection, args: list[str]) -> dict:
+    env = dict(os.environ, FLWR_HOME=str(conn.flwr_home), FLWR_TELEMETRY_ENABLED="0")
+    try:
+        proc = subprocess.run(
+            [_flwr(), *args, "--format", "json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=CLI_TIMEOUT_SECONDS,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise SuperLinkError(f"flwr {args[0]} timed out after {CLI_TIMEOUT_SECONDS} s") from exc
+    try:
+        payload = json.loads(proc.stdout.strip() or "{}")
+    except json.JSONDecodeError as exc:
+        raise SuperLinkError(
+            f"flwr {args[0]} printed no JSON (exit {proc.returncode}): "
+            f"{(proc.stdout + proc.stderr)[-500:]}"
+        ) from exc
+    if not payload.get("success"):
+        message = payload.get("error-message") or proc.stderr[-500:] or "unknown error"
+        raise SuperLinkError(f"flwr {args[0]} failed: {message}")
+    return payload
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+
+
+def run_submit(conn: Connection, run_config: dict[str, str | int | float | bool]) -> str:
+    """Start one run of the Flower App with ``run_config`` overrides; return the run id (str)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as fh:
+        fh.write("".join(f"{k} = {_toml_value(v)}\n" for k, v in run_config.items()))
+        config_path = fh.name
+    try:
+        payload = _call(conn, ["run", str(conn.app_dir), conn.federation, "-c", config_path])
+    finally:
+        os.unlink(config_path)
+    run_id = payload.get("run-id")
+    if run_id is None:
+        raise SuperLinkError(f"flwr run returned no run id: {payload}")
+    return str(run_id)
+
+
+def run_status(conn: Connection, run_id: str) -> RunStatus:
+    """Read one run's status. Raises ``SuperLinkError`` when the SuperLink does not know it."""
+    payload = _call(conn, ["ls", conn.federation, "--run-id", str(run_id)])
+    runs = payload.get("runs") or []
+    if not runs:
+        raise SuperLinkError(f"the SuperLink does not know run {run_id}")
+    run = runs[0]
+    status, _, sub_status = str(run.get("status", "")).partition(":")
+    return RunStatus(
+        run_id=str(run_id),
+        status=status,
+        sub_status=sub_status,
+        details=str(run.get("status-details", "") or ""),
+        raw=run,
+    )
+
+
+def run_stop(conn: Connection, run_id: str) -> None:
+    """Ask the SuperLink to stop a run (idempotent on the portal side)."""
+    _call(conn, ["stop", str(run_id), conn.federation])

@@ -1,0 +1,16 @@
+"""URLs of federated jobs and the ServerApp callback."""
+
+from django.urls import path
+
+from federation import views
+
+app_name = "federation"
+urlpatterns = [
+    path("", views.job_list, name="job_list"),
+    path("new/", views.job_create, name="job_create"),
+    path("<int:pk>/", views.job_detail, name="job_detail"),
+    path("<int:pk>/progress/", views.job_progress, name="job_progress"),
+    path("<int:pk>/progress.json", views.job_progress_json, name="job_progress_json"),
+    path("<int:pk>/stop/", views.job_stop, name="job_stop"),
+    path("callback/<int:pk>/", views.job_callback, name="job_callback"),
+]

@@ -1,0 +1,160 @@
+"""Views of federated jobs: list, submit form, detail with live progress, stop, ServerApp callback."""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import Http404, HttpResponseBadRequest, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+
+from federation import selectors, services
+from federation.forms import JobSubmitForm
+from federation.models import FederatedJob
+from federation.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, SignatureError, verify
+from portal.permissions import can
+
+
+@login_required
+def job_list(request):
+    """The user's jobs, 20 per page."""
+    page = Paginator(selectors.jobs_for_user(user=request.user), 20).get_page(
+        request.GET.get("page")
+    )
+    return render(request, "federation/job_list.html", {"page_obj": page})
+
+
+@login_required
+def job_create(request):
+    """The job submission form; errors from ``job_submit`` appear inline on their fields."""
+    form = JobSubmitForm(request.POST or None, user=request.user)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            job = services.job_submit(
+                by=request.user,
+                project=data["project"],
+                dataset_versions=list(data["datasets"]),
+                title=data["title"],
+                target_column=data["target_column"],
+                feature_columns=data["feature_columns"],
+                num_rounds=data["num_rounds"],
+                local_epochs=data["local_epochs"],
+                learning_rate=data["learning_rate"],
+            )
+        except services.JobError as exc:
+            for field, errors in exc.field_errors.items():
+                for error in errors:
+                    form.add_error(field if field in form.fields else None, error)
+            if not exc.field_errors:
+                form.add_error(None, str(exc))
+        else:
+            messages.success(request, f"Job #{job.pk} queued.")
+            return redirect("federation:job_detail", pk=job.pk)
+    return render(request, "federation/job_form.html", {"form": form})
+
+
+def _job_or_404(request, pk: int) -> FederatedJob:
+    try:
+        job = selectors.job_detail(user=request.user, pk=pk)
+    except FederatedJob.DoesNotExist:
+        raise Http404("No such job") from None
+    if not can(request.user, "job.view", job):
+        raise Http404("No such job")
+    return job
+
+
+@login_required
+def job_detail(request, pk: int):
+    """The job page; the progress panel below refreshes itself (HTMX) while the job is active."""
+    job = _job_or_404(request, pk)
+    context = {"job": job, "can_stop": can(request.user, "job.stop", job)}
+    context.update(selectors.job_progress(job=job))
+    return render(request, "federation/job_detail.html", context)
+
+
+@login_required
+def job_progress(request, pk: int):
+    """The progress panel alone (HTMX partial)."""
+    job = _job_or_404(request, pk)
+    context = {"job": job, "can_stop": can(request.user, "job.stop", job)}
+    context.update(selectors.job_progress(job=job))
+    return render(request, "federation/partials/job_progress.html", context)
+
+
+@login_required
+def job_progress_json(request, pk: int):
+    """Progress as JSON (chart series, per-site rows) for scripts and the chart."""
+    job = _job_or_404(request, pk)
+    progress = selectors.job_progress(job=job)
+    return JsonResponse(
+        {
+            "id": job.pk,
+            "status": job.status,
+            "status_detail": job.status_detail,
+            "terminal": job.is_terminal,
+            "num_rounds": job.num_rounds,
+            "rounds_done": len(progress["rounds"]),
+            "chart": progress["chart"],
+            "final_metrics": {k: v for k, v in job.final_metrics.items() if k != "model"},
+            "sites": [
+                {
+                    "site": s.site.slug,
+                    "institution": s.site.institution.name,
+                    "status": s.status,
+                    "rounds_completed": s.rounds_completed,
+                    "train_examples": s.last_round.train_examples if s.last_round else 0,
+                    "eval_examples": s.last_round.eval_examples if s.last_round else 0,
+                    "eval_accuracy": s.final_metrics.get("eval_accuracy")
+                    or (s.last_round.eval_accuracy if s.last_round else None),
+                    "error": s.last_error,
+                }
+                for s in progress["sites"]
+            ],
+        }
+    )
+
+
+@login_required
+@require_POST
+def job_stop(request, pk: int):
+    """Stop a job (submitter or the project's PI)."""
+    job = _job_or_404(request, pk)
+    try:
+        services.job_stop(by=request.user, job_id=job.pk)
+    except services.JobError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.info(request, "Stop requested.")
+    return redirect("federation:job_detail", pk=job.pk)
+
+
+@csrf_exempt  # authenticated by the job's HMAC signature instead of a session
+@require_POST
+def job_callback(request, pk: int):
+    """Signed events from the job's ServerApp (see ``federation/signing.py``)."""
+    job = get_object_or_404(FederatedJob, pk=pk)
+    try:
+        verify(
+            job.callback_token,
+            request.body,
+            timestamp=request.headers.get(TIMESTAMP_HEADER),
+            signature=request.headers.get(SIGNATURE_HEADER),
+        )
+    except SignatureError as exc:
+        return JsonResponse({"ok": False, "error": str(exc)}, status=403)
+    try:
+        payload = json.loads(request.body)
+    except ValueError:
+        return HttpResponseBadRequest("body is not JSON")
+    try:
+        answer = services.job_callback_record(job_id=job.pk, payload=payload)
+    except services.JobError as exc:
+        return JsonResponse({"ok": False, "error": str(exc)}, status=409)
+    except (KeyError, TypeError, ValueError) as exc:
+        return JsonResponse({"ok": False, "error": f"malformed event: {exc}"}, status=400)
+    return JsonResponse(answer)

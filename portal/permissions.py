@@ -1,0 +1,45 @@
+"""The one permission entry point: ``can(user, action, obj)``.
+
+Every view and selector asks here. Objects a user may not see are answered with 404 by the caller
+(``get_object_or_404`` on a permission-scoped queryset), so another institution's private objects do
+not reveal that they exist.
+"""
+
+from __future__ import annotations
+
+from portal.models import Membership, ProjectMember, ProjectRole, Role
+
+
+def _project_role(user, project) -> str | None:
+    return (
+        ProjectMember.objects.filter(user=user, project=project)
+        .values_list("role", flat=True)
+        .first()
+    )
+
+
+def _has_role(user, institution, role: str) -> bool:
+    return Membership.objects.filter(user=user, institution=institution, role=role).exists()
+
+
+def can(user, action: str, obj=None) -> bool:
+    """True when ``user`` may do ``action`` on ``obj``.
+
+    Actions: ``project.view``, ``job.submit`` (obj: Project), ``job.view``, ``job.stop``
+    (obj: FederatedJob), ``dataset.register`` (obj: Site), ``access.decide`` (obj: Dataset).
+    Unknown actions raise ``ValueError`` so a typo cannot silently allow or deny.
+    """
+    if user is None or not user.is_authenticated or not user.is_active:
+        return False
+    if action in {"project.view", "job.submit"}:
+        return _project_role(user, obj) is not None
+    if action == "job.view":
+        return _project_role(user, obj.project) is not None
+    if action == "job.stop":
+        role = _project_role(user, obj.project)
+        return obj.submitted_by_id == user.pk or role == ProjectRole.PRINCIPAL_INVESTIGATOR
+    if action == "dataset.register":
+        return _has_role(user, obj.institution, Role.DATA_STEWARD)
+    if action == "access.decide":
+        return _has_role(user, obj.site.institution, Role.DATA_STEWARD)
+    raise ValueError(f"unknown action {action!r}")

@@ -1,0 +1,105 @@
+"""Dataset metadata and access grants. The portal database never holds a row of data."""
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class Dataset(models.Model):
+    """A dataset held at one site, registered by that institution's data steward."""
+
+    site = models.ForeignKey("federation.Site", on_delete=models.PROTECT, related_name="datasets")
+    slug = models.SlugField()
+    title = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["site__slug", "slug"]
+        constraints = [
+            models.UniqueConstraint(fields=["site", "slug"], name="dataset_unique_per_site")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.title} @ {self.site.slug}"
+
+    @property
+    def latest_version(self):
+        return self.versions.order_by("-version").first()
+
+
+class DatasetVersion(models.Model):
+    """One immutable ingest of a dataset: metadata, schema and a suppressed profile only."""
+
+    dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="versions")
+    version = models.PositiveIntegerField()
+    schema = models.JSONField(help_text='List of {"name": str, "type": "int|float|str"}.')
+    row_count = models.PositiveBigIntegerField()
+    size_bytes = models.PositiveBigIntegerField(help_text="Ciphertext size in bytes.")
+    ciphertext_sha256 = models.CharField(max_length=64)
+    store_key = models.CharField(max_length=512, help_text="Object key in the site's store.")
+    profile = models.JSONField(default=dict, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["dataset", "-version"]
+        constraints = [
+            models.UniqueConstraint(fields=["dataset", "version"], name="dataset_version_unique"),
+            models.CheckConstraint(condition=models.Q(version__gte=1), name="dataset_version_gte_1"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.dataset} v{self.version}"
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c["name"] for c in self.schema]
+
+
+class AccessStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    APPROVED = "approved", "Approved"
+    REFUSED = "refused", "Refused"
+    REVOKED = "revoked", "Revoked"
+
+
+class AccessRequest(models.Model):
+    """A project's request to use a dataset, decided by the owning institution's data steward."""
+
+    dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="access_requests")
+    project = models.ForeignKey(
+        "portal.Project", on_delete=models.CASCADE, related_name="access_requests"
+    )
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    purpose = models.TextField()
+    status = models.CharField(
+        max_length=16, choices=AccessStatus.choices, default=AccessStatus.PENDING
+    )
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_reason = models.TextField(blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.project} → {self.dataset} ({self.status})"
+
+    def is_valid_grant(self, at=None) -> bool:
+        """True when approved and not expired at ``at`` (default: now)."""
+        at = at or timezone.now()
+        return self.status == AccessStatus.APPROVED and (
+            self.expires_at is None or self.expires_at > at
+        )
