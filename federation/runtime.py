@@ -63,6 +63,8 @@ def _bin(name: str) -> str:
 def _env(flwr_home: Path) -> dict[str, str]:
     flwr_home.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
+    # Flower starts its own helpers (flower-superexec, …) by name: put this environment first.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.update({"FLWR_HOME": str(flwr_home), "FLWR_TELEMETRY_ENABLED": "0"})
     return env
 

@@ -60,6 +60,7 @@ def _flwr() -> str:
 
 def _call(conn: Connection, args: list[str]) -> dict:
     env = dict(os.environ, FLWR_HOME=str(conn.flwr_home), FLWR_TELEMETRY_ENABLED="0")
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     try:
         proc = subprocess.run(
             [_flwr(), *args, "--format", "json"],
