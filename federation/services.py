@@ -154,7 +154,8 @@ def job_submit(
     )
     from federation.tasks import job_launch_task
 
-    transaction.on_commit(partial(job_launch_task.delay, job.pk))
+    # robust: a broker hiccup is logged, not raised; the periodic reconcile launches queued jobs too.
+    transaction.on_commit(partial(job_launch_task.delay, job.pk), robust=True)
     return job
 
 
