@@ -21,13 +21,27 @@ class SiteAdmin(admin.ModelAdmin):
 class JobSiteInline(admin.TabularInline):
     model = JobSite
     extra = 0
-    readonly_fields = ["site", "dataset_version", "status", "node_id", "rounds_completed", "last_error"]
+    readonly_fields = [
+        "site",
+        "dataset_version",
+        "status",
+        "node_id",
+        "rounds_completed",
+        "last_error",
+    ]
 
 
 class RoundMetricInline(admin.TabularInline):
     model = RoundMetric
     extra = 0
-    readonly_fields = ["round", "train_loss", "eval_loss", "eval_accuracy", "num_examples", "sites_replied"]
+    readonly_fields = [
+        "round",
+        "train_loss",
+        "eval_loss",
+        "eval_accuracy",
+        "num_examples",
+        "sites_replied",
+    ]
 
 
 @admin.register(FederatedJob)

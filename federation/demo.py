@@ -21,7 +21,8 @@ from federation.models import ComputePool, Site
 from federation.runtime import LocalSite
 from portal.models import Institution, Project, Role
 from portal.services import membership_grant, project_create, project_member_add
-from sandbox import demo_data, services as sandbox_services
+from sandbox import demo_data
+from sandbox import services as sandbox_services
 from sandbox.ingest import ingest_csv
 from sandbox.keyring import SiteKeyring
 from sandbox.storage import FilesystemStore
@@ -39,9 +40,27 @@ class DemoInstitution:
 
 
 INSTITUTIONS = (
-    DemoInstitution("st-aurelia", "St Aurelia University Hospital", "st-aurelia.example", "hospital-a", "St Aurelia oncology node"),
-    DemoInstitution("northfield", "Northfield Medical Centre", "northfield.example", "hospital-b", "Northfield research node"),
-    DemoInstitution("lakeside", "Lakeside Clinical Institute", "lakeside.example", "hospital-c", "Lakeside data centre node"),
+    DemoInstitution(
+        "st-aurelia",
+        "St Aurelia University Hospital",
+        "st-aurelia.example",
+        "hospital-a",
+        "St Aurelia oncology node",
+    ),
+    DemoInstitution(
+        "northfield",
+        "Northfield Medical Centre",
+        "northfield.example",
+        "hospital-b",
+        "Northfield research node",
+    ),
+    DemoInstitution(
+        "lakeside",
+        "Lakeside Clinical Institute",
+        "lakeside.example",
+        "hospital-c",
+        "Lakeside data centre node",
+    ),
 )
 
 
@@ -67,8 +86,13 @@ def _user(username: str, *, first: str, last: str, domain: str, staff: bool = Fa
     User = get_user_model()
     user, created = User.objects.get_or_create(
         username=username,
-        defaults={"email": f"{username}@{domain}", "first_name": first, "last_name": last,
-                  "is_staff": staff, "is_superuser": staff},
+        defaults={
+            "email": f"{username}@{domain}",
+            "first_name": first,
+            "last_name": last,
+            "is_staff": staff,
+            "is_superuser": staff,
+        },
     )
     if created:
         user.set_password(DEMO_PASSWORD)
@@ -105,30 +129,45 @@ def demo_seed(*, canary: str | None = None) -> Project:
     if existing:
         return existing
     with transaction.atomic():
-        platform = _user("platform", first="Platform", last="Admin", domain="portal.example", staff=True)
+        platform = _user(
+            "platform", first="Platform", last="Admin", domain="portal.example", staff=True
+        )
         stewards, sites = {}, {}
         for n, spec in enumerate(INSTITUTIONS):
-            inst = Institution.objects.create(slug=spec.slug, name=spec.name, email_domain=spec.domain)
+            inst = Institution.objects.create(
+                slug=spec.slug, name=spec.name, email_domain=spec.domain
+            )
             pool = ComputePool.objects.create(institution=inst, name=f"{spec.slug}-cpu", slots=2)
             sites[spec.site] = Site.objects.create(
                 institution=inst, pool=pool, slug=spec.site, name=spec.site_name
             )
-            steward = _user(f"steward-{spec.site[-1]}", first="Steward", last=spec.name.split()[0], domain=spec.domain)
+            steward = _user(
+                f"steward-{spec.site[-1]}",
+                first="Steward",
+                last=spec.name.split()[0],
+                domain=spec.domain,
+            )
             membership_grant(by=platform, user=steward, institution=inst, role=Role.DATA_STEWARD)
             stewards[spec.site] = steward
             if n == 0:
                 admin = _user("admin-a", first="Iris", last="Admin", domain=spec.domain)
-                membership_grant(by=platform, user=admin, institution=inst, role=Role.INSTITUTION_ADMIN)
+                membership_grant(
+                    by=platform, user=admin, institution=inst, role=Role.INSTITUTION_ADMIN
+                )
         ada = _user("ada", first="Ada", last="Lovelace", domain=INSTITUTIONS[0].domain)
         ben = _user("ben", first="Ben", last="Okafor", domain=INSTITUTIONS[1].domain)
         first = Institution.objects.get(slug=INSTITUTIONS[0].slug)
         membership_grant(by=platform, user=ada, institution=first, role=Role.RESEARCHER)
         membership_grant(
-            by=platform, user=ben, institution=Institution.objects.get(slug=INSTITUTIONS[1].slug),
+            by=platform,
+            user=ben,
+            institution=Institution.objects.get(slug=INSTITUTIONS[1].slug),
             role=Role.RESEARCHER,
         )
         project = project_create(
-            by=ada, slug="breast-cancer-fl", title="Federated breast-cancer diagnosis",
+            by=ada,
+            slug="breast-cancer-fl",
+            title="Federated breast-cancer diagnosis",
             institution=first,
             description="Logistic regression on the Wisconsin diagnostic features, across three hospitals.",
         )
@@ -139,15 +178,22 @@ def demo_seed(*, canary: str | None = None) -> Project:
     paths = demo_data.write_site_csvs(incoming, tuple(sites), canary=canary)
     for slug, site in sites.items():
         dv = ingest_site_dataset(
-            site=site, steward=stewards[slug], csv_path=paths[slug],
-            slug="breast-cancer", title="Breast cancer diagnostics",
+            site=site,
+            steward=stewards[slug],
+            csv_path=paths[slug],
+            slug="breast-cancer",
+            title="Breast cancer diagnostics",
         )
         request = sandbox_services.access_request_create(
-            by=ada, dataset=dv.dataset, project=project,
+            by=ada,
+            dataset=dv.dataset,
+            project=project,
             purpose="Train a diagnostic classifier across hospitals (demo).",
         )
         sandbox_services.access_request_approve(
-            by=stewards[slug], request=request, expires_at=timezone.now() + timedelta(days=180),
+            by=stewards[slug],
+            request=request,
+            expires_at=timezone.now() + timedelta(days=180),
         )
         paths[slug].unlink()  # the plaintext was only ever the site's own incoming file
     return project

@@ -39,7 +39,10 @@ class JobSubmitForm(forms.Form):
         "datasets share, except the target.",
     )
     num_rounds = forms.IntegerField(
-        min_value=1, max_value=100, initial=5, label="Rounds",
+        min_value=1,
+        max_value=100,
+        initial=5,
+        label="Rounds",
         help_text="FedAvg rounds: each is local training at every site, then aggregation.",
     )
     local_epochs = forms.IntegerField(
@@ -60,9 +63,11 @@ class JobSubmitForm(forms.Form):
         from sandbox.models import DatasetVersion
 
         ids = [v.pk for v in usable_versions(projects=projects)]
-        return DatasetVersion.objects.filter(pk__in=ids).select_related(
-            "dataset__site__institution"
-        ).order_by("dataset__site__slug", "dataset__slug")
+        return (
+            DatasetVersion.objects.filter(pk__in=ids)
+            .select_related("dataset__site__institution")
+            .order_by("dataset__site__slug", "dataset__slug")
+        )
 
     def clean_feature_columns(self) -> list[str]:
         raw = self.cleaned_data.get("feature_columns", "")

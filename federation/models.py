@@ -167,9 +167,10 @@ class RoundMetric(models.Model):
 
     class Meta:
         ordering = ["job", "round"]
-        constraints = [
-            models.UniqueConstraint(fields=["job", "round"], name="round_metric_unique")
-        ]
+        constraints = [models.UniqueConstraint(fields=["job", "round"], name="round_metric_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.job} round {self.round}"
 
 
 class SiteRoundMetric(models.Model):
@@ -192,3 +193,6 @@ class SiteRoundMetric(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["job_site", "round"], name="site_round_metric_unique")
         ]
+
+    def __str__(self) -> str:
+        return f"{self.job_site} round {self.round}"

@@ -11,6 +11,7 @@ module is not used.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -132,9 +133,7 @@ def start(root: Path, sites: list[LocalSite], *, host: str = "127.0.0.1") -> Fed
         for site in sites:
             node_port = free_port(host)
             log = logs / f"supernode-{site.site}.log"
-            node_config = (
-                f'site="{site.site}" store="{site.store_url}" keyring="{site.keyring}"'
-            )
+            node_config = f'site="{site.site}" store="{site.store_url}" keyring="{site.keyring}"'
             proc = subprocess.Popen(
                 [
                     _bin("flower-supernode"),
@@ -167,7 +166,9 @@ def load_state(root: Path) -> FederationState:
     """Read ``federation.json``. Raises ``RuntimeError_`` when the federation was never started."""
     path = root / "federation.json"
     if not path.exists():
-        raise RuntimeError_(f"no local federation at {root} (start it with `manage.py federation_up`)")
+        raise RuntimeError_(
+            f"no local federation at {root} (start it with `manage.py federation_up`)"
+        )
     return FederationState(**json.loads(path.read_text()))
 
 
@@ -188,23 +189,17 @@ def stop(state: FederationState, *, timeout: float = 10.0) -> None:
     """Stop every process of ``state`` (SIGTERM to each process group, then SIGKILL)."""
     pids = [*state.supernodes.values(), state.superlink_pid]
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
     deadline = time.monotonic() + timeout
     for pid in pids:
         while _alive(pid) and time.monotonic() < deadline:
-            try:
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
             time.sleep(0.1)
         if _alive(pid):
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
     path = Path(state.root) / "federation.json"
     if path.exists():
         path.unlink()

@@ -13,7 +13,9 @@ def jobs_for_user(*, user):
     return (
         FederatedJob.objects.filter(project__in=projects_for_user(user=user))
         .select_related("project", "submitted_by")
-        .annotate(n_rounds=Count("round_metrics", distinct=True), n_sites=Count("sites", distinct=True))
+        .annotate(
+            n_rounds=Count("round_metrics", distinct=True), n_sites=Count("sites", distinct=True)
+        )
         .order_by("-created_at", "-id")
     )
 

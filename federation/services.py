@@ -149,7 +149,10 @@ def job_submit(
         [JobSite(job=job, site=v.dataset.site, dataset_version=v) for v in versions]
     )
     audit_record(
-        by=by, action="job.submit", target=job, institution=project.institution,
+        by=by,
+        action="job.submit",
+        target=job,
+        institution=project.institution,
         sites=[s.slug for s in sites],
     )
     from federation.tasks import job_launch_task
@@ -198,7 +201,9 @@ def _fail(job: FederatedJob, reason: str) -> None:
     job.status_detail = reason
     job.finished_at = timezone.now()
     job.save(update_fields=["status", "status_detail", "finished_at"])
-    audit_record(by=None, action="job.fail", target=job, institution=job.project.institution, reason=reason)
+    audit_record(
+        by=None, action="job.fail", target=job, institution=job.project.institution, reason=reason
+    )
 
 
 def job_launch(*, job_id: int) -> FederatedJob:
@@ -249,7 +254,13 @@ def job_launch(*, job_id: int) -> FederatedJob:
             job.status = JobStatus.RUNNING
             job.status_detail = f"Flower run {run_id} started"
         job.save(update_fields=["flower_run_id", "status", "status_detail"])
-        audit_record(by=None, action="job.launch", target=job, institution=job.project.institution, run_id=run_id)
+        audit_record(
+            by=None,
+            action="job.launch",
+            target=job,
+            institution=job.project.institution,
+            run_id=run_id,
+        )
     return job
 
 
@@ -277,7 +288,9 @@ def job_callback_record(*, job_id: int, payload: dict) -> dict:
     job = FederatedJob.objects.select_for_update().get(pk=job_id)
     if job.status not in (JobStatus.LAUNCHING, JobStatus.RUNNING):
         raise JobError(f"job is {job.status}; callbacks are accepted only while it runs")
-    sites = {js.site.slug: js for js in job.sites.select_related("site", "dataset_version__dataset")}
+    sites = {
+        js.site.slug: js for js in job.sites.select_related("site", "dataset_version__dataset")
+    }
     event = payload.get("event")
 
     if event == "started":
@@ -328,7 +341,9 @@ def job_callback_record(*, job_id: int, payload: dict) -> dict:
                     "eval_loss": _opt_float(payload.get("eval_loss")),
                     "eval_accuracy": _opt_float(payload.get("eval_accuracy")),
                     "num_examples": int(payload.get("train_examples", 0)),
-                    "sites_replied": sum(1 for i in payload.get("sites", {}).values() if i.get("ok")),
+                    "sites_replied": sum(
+                        1 for i in payload.get("sites", {}).values() if i.get("ok")
+                    ),
                     "wall_seconds": _opt_float(payload.get("wall_seconds")),
                 },
             )
@@ -358,7 +373,9 @@ def job_callback_record(*, job_id: int, payload: dict) -> dict:
     drop = [
         slug
         for slug, js in sites.items()
-        if not sandbox_selectors.has_valid_grant(project=job.project, dataset=js.dataset_version.dataset)
+        if not sandbox_selectors.has_valid_grant(
+            project=job.project, dataset=js.dataset_version.dataset
+        )
     ]
     return {"ok": True, "drop_sites": drop}
 
@@ -367,7 +384,11 @@ def job_callback_record(*, job_id: int, payload: dict) -> dict:
 # Reconcile and stop
 # ---------------------------------------------------------------------------------------------
 
-_FINAL = {"completed": JobStatus.COMPLETED, "failed": JobStatus.FAILED, "stopped": JobStatus.STOPPED}
+_FINAL = {
+    "completed": JobStatus.COMPLETED,
+    "failed": JobStatus.FAILED,
+    "stopped": JobStatus.STOPPED,
+}
 
 
 def job_reconcile(*, job_id: int) -> FederatedJob:
@@ -415,9 +436,7 @@ def _job_finish(*, job_id: int, run: superlink.RunStatus) -> FederatedJob:
     if status == JobStatus.COMPLETED:
         job.status_detail = f"Flower run {run.run_id} completed"
     elif status == JobStatus.FAILED and not job.status_detail.startswith("the run finished"):
-        job.status_detail = (
-            job.failure_reason or run.details or f"Flower run {run.run_id} failed"
-        )
+        job.status_detail = job.failure_reason or run.details or f"Flower run {run.run_id} failed"
     else:
         job.status_detail = f"Flower run {run.run_id} {run.sub_status}"
     job.save(update_fields=["status", "status_detail", "finished_at"])

@@ -29,7 +29,12 @@ def sign(token: str, body: bytes, *, timestamp: int | None = None) -> dict[str, 
 
 
 def verify(
-    token: str, body: bytes, *, timestamp: str | None, signature: str | None, now: float | None = None
+    token: str,
+    body: bytes,
+    *,
+    timestamp: str | None,
+    signature: str | None,
+    now: float | None = None,
 ) -> None:
     """Check a signed body. Raises ``SignatureError`` with the reason; returns None when valid."""
     if not timestamp or not signature:

@@ -84,9 +84,7 @@ class ProjectMember(models.Model):
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="project_memberships"
     )
-    role = models.CharField(
-        max_length=16, choices=ProjectRole.choices, default=ProjectRole.MEMBER
-    )
+    role = models.CharField(max_length=16, choices=ProjectRole.choices, default=ProjectRole.MEMBER)
     joined_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -18,6 +18,4 @@ def user_institutions(*, user):
 
 def projects_for_user(*, user):
     """Projects the user is a member of, lead institution joined."""
-    return (
-        Project.objects.filter(memberships__user=user).select_related("institution").distinct()
-    )
+    return Project.objects.filter(memberships__user=user).select_related("institution").distinct()

@@ -55,7 +55,10 @@ def project_member_add(*, by, project: Project, user, role: str = ProjectRole.ME
     )
     if created:
         audit_record(
-            by=by, action="project.member_add", target=project, institution=project.institution,
+            by=by,
+            action="project.member_add",
+            target=project,
+            institution=project.institution,
             user=user.username,
         )
     return member

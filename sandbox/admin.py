@@ -8,7 +8,14 @@ from sandbox.models import AccessRequest, Dataset, DatasetVersion
 class DatasetVersionInline(admin.TabularInline):
     model = DatasetVersion
     extra = 0
-    readonly_fields = ["version", "row_count", "size_bytes", "ciphertext_sha256", "store_key", "created_at"]
+    readonly_fields = [
+        "version",
+        "row_count",
+        "size_bytes",
+        "ciphertext_sha256",
+        "store_key",
+        "created_at",
+    ]
     exclude = ["schema", "profile"]
 
 

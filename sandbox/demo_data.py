@@ -62,7 +62,9 @@ def write_site_csvs(
             writer = csv.writer(fh)
             writer.writerow(["patient_ref", *names, "diagnosis"])
             for i, (row, label) in enumerate(zip(X, y, strict=True)):
-                ref = canary if (canary and n_site == 0 and i == 0) else f"{site[-1].upper()}-{i:05d}"
+                ref = (
+                    canary if (canary and n_site == 0 and i == 0) else f"{site[-1].upper()}-{i:05d}"
+                )
                 writer.writerow([ref, *(f"{v:.6g}" for v in row), label])
         paths[site] = path
     return paths

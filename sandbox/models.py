@@ -51,7 +51,9 @@ class DatasetVersion(models.Model):
         ordering = ["dataset", "-version"]
         constraints = [
             models.UniqueConstraint(fields=["dataset", "version"], name="dataset_version_unique"),
-            models.CheckConstraint(condition=models.Q(version__gte=1), name="dataset_version_gte_1"),
+            models.CheckConstraint(
+                condition=models.Q(version__gte=1), name="dataset_version_gte_1"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -30,7 +30,9 @@ def dataset_version_register(
     stored. Raises ``IntegrityError`` when ``version`` was taken meanwhile.
     """
     dataset, _ = Dataset.objects.get_or_create(
-        site=site, slug=slug, defaults={"title": title, "description": description, "created_by": by}
+        site=site,
+        slug=slug,
+        defaults={"title": title, "description": description, "created_by": by},
     )
     dv = DatasetVersion.objects.create(
         dataset=dataset,
@@ -44,8 +46,12 @@ def dataset_version_register(
         created_by=by,
     )
     audit_record(
-        by=by, action="dataset.register", target=dv, institution=site.institution,
-        rows=result.row_count, sha256=result.ciphertext_sha256,
+        by=by,
+        action="dataset.register",
+        target=dv,
+        institution=site.institution,
+        rows=result.row_count,
+        sha256=result.ciphertext_sha256,
     )
     return dv
 
@@ -77,7 +83,10 @@ def access_request_approve(
     request.decision_reason = reason
     request.save()
     audit_record(
-        by=by, action="access.approve", target=request, institution=request.dataset.site.institution,
+        by=by,
+        action="access.approve",
+        target=request,
+        institution=request.dataset.site.institution,
         expires_at=expires_at.isoformat() if expires_at else None,
     )
     return request

@@ -87,7 +87,9 @@ class Command(BaseCommand):
             )
             acc = p["chart"]["eval_accuracy"]
             if acc:
-                line += f"  test accuracy {acc[-1]:.3f}  test loss {p['chart']['eval_loss'][-1]:.4f}"
+                line += (
+                    f"  test accuracy {acc[-1]:.3f}  test loss {p['chart']['eval_loss'][-1]:.4f}"
+                )
             if line.split("] ", 1)[1] != last:
                 self.stdout.write(line)
                 last = line.split("] ", 1)[1]
@@ -98,15 +100,19 @@ class Command(BaseCommand):
             time.sleep(2)
 
         elapsed = time.monotonic() - started
-        self.stdout.write(f"\nJob #{job_id} {p['status'].upper()} in {elapsed:.1f} s: {p['status_detail']}")
+        self.stdout.write(
+            f"\nJob #{job_id} {p['status'].upper()} in {elapsed:.1f} s: {p['status_detail']}"
+        )
         final = p["final_metrics"]
         if final.get("eval_accuracy") is not None:
             self.stdout.write(
                 f"Federated test accuracy: {final['eval_accuracy']:.4f} "
                 f"on {final['eval_examples']} held-out examples"
             )
-        self.stdout.write(f"{'site':<12} {'institution':<34} {'status':<10} {'rounds':>6} "
-                          f"{'train':>6} {'test':>5} {'accuracy':>8}")
+        self.stdout.write(
+            f"{'site':<12} {'institution':<34} {'status':<10} {'rounds':>6} "
+            f"{'train':>6} {'test':>5} {'accuracy':>8}"
+        )
         for s in p["sites"]:
             acc = "—" if s["eval_accuracy"] is None else f"{s['eval_accuracy']:.3f}"
             self.stdout.write(

@@ -9,7 +9,9 @@ class Command(BaseCommand):
     help = "Create the demo institutions, sites, datasets (ingested per site) and project."
 
     def add_arguments(self, parser):
-        parser.add_argument("--canary", help="Plant this value in hospital-a's data (residency test).")
+        parser.add_argument(
+            "--canary", help="Plant this value in hospital-a's data (residency test)."
+        )
 
     def handle(self, *args, canary=None, **options):
         project = demo_seed(canary=canary)

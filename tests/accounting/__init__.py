@@ -1,0 +1,1 @@
+"""Tests for the accounting app: contribution math, Merkle log and signed checkpoints."""

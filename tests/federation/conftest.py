@@ -1,0 +1,177 @@
+"""Real parts for federation integration tests: a local Flower federation, a Celery worker on Redis.
+
+``flower_job_world`` (module scope) seeds two hospitals from the demo data with canary values planted
+in hospital-a's CSV, ingests them through the site-side ingest, starts a SuperLink and two SuperNodes
+on free ports, and a real Celery worker (with beat) that uses the test database and Redis. The portal's
+callback endpoint is pytest-django's live server. Everything is stopped and the database flushed after.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.conf import settings as dj_settings
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
+
+from federation import runtime
+from federation.demo import ingest_site_dataset
+from federation.models import ComputePool, Site
+from portal.models import Institution, ProjectRole
+from portal.services import project_create, project_member_add
+from sandbox import demo_data
+from sandbox import services as sandbox_services
+
+CANARY_TEXT = "CANARY-ZX81-7f3a9c"
+CANARY_NUMBER = "28.1122334455"  # planted as mean_radius of one row (the real maximum is 28.11)
+
+
+@dataclass
+class FlowerWorld:
+    project: object
+    researcher: object
+    versions: list
+    runtime_root: Path
+    worker_log: Path
+    sites_dir: Path
+
+
+def _plant_number(path: Path) -> None:
+    rows = list(csv.reader(path.open(encoding="utf-8")))
+    col = rows[0].index("mean_radius")
+    rows[2][col] = CANARY_NUMBER
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        csv.writer(fh).writerows(rows)
+
+
+@pytest.fixture(scope="module")
+def flower_job_world(django_db_setup, django_db_blocker, live_server, tmp_path_factory):
+    from django.contrib.auth import get_user_model
+
+    root = tmp_path_factory.mktemp("flower-world")
+    saved = {
+        k: getattr(dj_settings, k)
+        for k in ("FRP_SITES_DIR", "FRP_FLWR_HOME", "FRP_CALLBACK_BASE_URL")
+    }
+    dj_settings.FRP_SITES_DIR = root / "sites"
+    dj_settings.FRP_FLWR_HOME = root / "flwr-control"
+    dj_settings.FRP_CALLBACK_BASE_URL = live_server.url
+
+    import redis
+
+    redis.Redis.from_url(os.environ["CELERY_BROKER_URL"]).flushdb()
+    state = worker = None
+    with django_db_blocker.unblock():
+        try:
+            User = get_user_model()
+            researcher = User.objects.create_user("rita", password="pw-for-tests-123")
+            steward = User.objects.create_user("steve", password="pw-for-tests-123")
+            sites = []
+            for slug in ("hospital-a", "hospital-b"):
+                inst = Institution.objects.create(slug=f"inst-{slug}", name=f"Institution {slug}")
+                pool = ComputePool.objects.create(institution=inst, name="cpu", slots=1)
+                sites.append(Site.objects.create(institution=inst, pool=pool, slug=slug, name=slug))
+            project = project_create(
+                by=researcher, slug="it", title="Integration", institution=sites[0].institution
+            )
+            project_member_add(
+                by=researcher, project=project, user=steward, role=ProjectRole.MEMBER
+            )
+            paths = demo_data.write_site_csvs(
+                root / "incoming", ("hospital-a", "hospital-b"), canary=CANARY_TEXT
+            )
+            _plant_number(paths["hospital-a"])
+            versions = []
+            for site in sites:
+                dv = ingest_site_dataset(
+                    site=site, steward=steward, csv_path=paths[site.slug], slug="bc", title="BC"
+                )
+                req = sandbox_services.access_request_create(
+                    by=researcher, dataset=dv.dataset, project=project, purpose="integration test"
+                )
+                sandbox_services.access_request_approve(
+                    by=steward, request=req, expires_at=timezone.now() + timedelta(days=1)
+                )
+                versions.append(dv)
+            for p in paths.values():
+                p.unlink()
+
+            state = runtime.start(
+                root / "federation",
+                [
+                    runtime.LocalSite(
+                        site=s.slug,
+                        store_url=f"file://{dj_settings.FRP_SITES_DIR / s.slug / 'store'}",
+                        keyring=str(dj_settings.FRP_SITES_DIR / s.slug / "keyring"),
+                    )
+                    for s in sites
+                ],
+            )
+            runtime.write_control_config(
+                dj_settings.FRP_FLWR_HOME, dj_settings.FRP_FEDERATION_NAME, state.superlink_address
+            )
+            db = connection.settings_dict
+            env = dict(
+                os.environ,
+                DATABASE_URL=f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+                FRP_FLWR_HOME=str(dj_settings.FRP_FLWR_HOME),
+                FRP_CALLBACK_BASE_URL=live_server.url,
+                FRP_RECONCILE_SECONDS="1",
+                FRP_VAR_DIR=str(root / "worker-var"),
+            )
+            worker_log = root / "worker.log"
+            worker = subprocess.Popen(
+                [
+                    str(Path(sys.executable).with_name("celery")),
+                    "-A",
+                    "portal",
+                    "worker",
+                    "-B",
+                    "--pool",
+                    "solo",
+                    "--loglevel",
+                    "INFO",
+                    "--schedule",
+                    str(root / "beat-schedule"),
+                ],
+                env=env,
+                stdout=worker_log.open("wb"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            yield FlowerWorld(
+                project, researcher, versions, root / "federation", worker_log, root / "sites"
+            )
+        finally:
+            if worker is not None:
+                os.killpg(worker.pid, signal.SIGTERM)
+                try:
+                    worker.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(worker.pid, signal.SIGKILL)
+            if state is not None:
+                runtime.stop(state)
+            for k, v in saved.items():
+                setattr(dj_settings, k, v)
+            call_command("flush", interactive=False, verbosity=0)
+
+
+def wait_for(predicate, *, timeout: float, interval: float = 1.0, what: str = "condition"):
+    """Poll ``predicate()`` until truthy or ``timeout`` seconds; return its value or fail the test."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")

@@ -1,0 +1,318 @@
+"""Unit tests of federation services: submission checks, launch, callbacks, reconcile, stop.
+
+The SuperLink boundary is faked here (``FakeSuperLink``); the real SuperLink is exercised through the
+same functions in tests/federation/test_integration.py.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from federation import services, superlink
+from federation.models import FederatedJob, JobSiteStatus, JobStatus, RoundMetric, SiteRoundMetric
+from portal.models import AuditEvent, ProjectRole
+from sandbox.models import AccessStatus
+from tests.factories import (
+    DatasetVersionFactory,
+    GrantFactory,
+    ProjectFactory,
+    ProjectMemberFactory,
+    UserFactory,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+class FakeSuperLink:
+    """Stands in for ``federation.superlink`` (same function names and errors)."""
+
+    def __init__(self):
+        self.submitted: list[dict] = []
+        self.status = superlink.RunStatus("7", "running", "", "", {})
+        self.fail_submit: str | None = None
+        self.stopped: list[str] = []
+
+    def run_submit(self, conn, run_config):
+        if self.fail_submit:
+            raise superlink.SuperLinkError(self.fail_submit)
+        self.submitted.append(run_config)
+        return "18446744073709551615"  # the largest uint64: must survive as text
+
+    def run_status(self, conn, run_id):
+        return self.status
+
+    def run_stop(self, conn, run_id):
+        self.stopped.append(run_id)
+
+
+@pytest.fixture
+def fake_superlink(monkeypatch):
+    fake = FakeSuperLink()
+    for name in ("run_submit", "run_status", "run_stop"):
+        monkeypatch.setattr(services.superlink, name, getattr(fake, name))
+    return fake
+
+
+@pytest.fixture
+def launch(eager_celery, django_capture_on_commit_callbacks):
+    """Submit and run the on-commit launch (eager Celery), as after a real commit."""
+
+    def _launch(world, **overrides):
+        with django_capture_on_commit_callbacks(execute=True):
+            job = submit(world, **overrides)
+        job.refresh_from_db()
+        return job
+
+    return _launch
+
+
+@pytest.fixture
+def world():
+    """A project with a PI and two granted dataset versions at two sites."""
+    project = ProjectFactory()
+    pi = ProjectMemberFactory(project=project, role=ProjectRole.PRINCIPAL_INVESTIGATOR).user
+    versions = [DatasetVersionFactory(), DatasetVersionFactory()]
+    grants = [GrantFactory(project=project, dataset=v.dataset) for v in versions]
+    return {"project": project, "pi": pi, "versions": versions, "grants": grants}
+
+
+def submit(world, **overrides):
+    kwargs = dict(
+        by=world["pi"],
+        project=world["project"],
+        dataset_versions=world["versions"],
+        title="t",
+        target_column="label",
+        num_rounds=2,
+    )
+    kwargs.update(overrides)
+    return services.job_submit(**kwargs)
+
+
+def test_job_submit_valid_creates_queued_job_with_sites_and_audit(world, fake_superlink, settings):
+    settings.CELERY_TASK_ALWAYS_EAGER = False
+    job = submit(world)
+    assert job.status == JobStatus.QUEUED
+    assert job.sites.count() == 2
+    assert job.feature_columns == ["x1", "x2"]  # numeric columns shared by both, target excluded
+    assert AuditEvent.objects.filter(action="job.submit", target_id=str(job.pk)).exists()
+
+
+def test_job_submit_non_member_refused(world):
+    with pytest.raises(services.JobError) as err:
+        submit(world, by=UserFactory())
+    assert "project" in err.value.field_errors
+
+
+def test_job_submit_single_site_refused(world):
+    with pytest.raises(services.JobError) as err:
+        submit(world, dataset_versions=world["versions"][:1])
+    assert "at least 2" in err.value.field_errors["datasets"][0]
+
+
+def test_job_submit_two_datasets_of_one_site_refused(world):
+    other = DatasetVersionFactory(dataset__site=world["versions"][0].dataset.site)
+    GrantFactory(project=world["project"], dataset=other.dataset)
+    with pytest.raises(services.JobError) as err:
+        submit(world, dataset_versions=[world["versions"][0], other])
+    assert err.value.field_errors["datasets"] == ["choose one dataset per site"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"status": AccessStatus.PENDING},
+        {"status": AccessStatus.REVOKED},
+        {"expires_at": timezone.now() - timedelta(minutes=1)},
+    ],
+)
+def test_job_submit_without_valid_grant_refused(world, change):
+    grant = world["grants"][1]
+    for k, v in change.items():
+        setattr(grant, k, v)
+    grant.save()
+    with pytest.raises(services.JobError) as err:
+        submit(world)
+    assert "no valid access grant" in err.value.field_errors["datasets"][0]
+
+
+def test_job_submit_missing_target_names_dataset_and_columns(world):
+    with pytest.raises(services.JobError) as err:
+        submit(world, target_column="nope")
+    msgs = err.value.field_errors["target_column"]
+    assert len(msgs) == 2 and "no column 'nope'" in msgs[0] and "x1, x2, label" in msgs[0]
+
+
+def test_job_submit_non_numeric_feature_refused(world):
+    with pytest.raises(services.JobError) as err:
+        submit(world, feature_columns=["x1", "label"])
+    assert "label missing or not numeric" in err.value.field_errors["feature_columns"][0]
+
+
+def test_job_launch_submits_run_with_spec_and_marks_running(world, fake_superlink, launch):
+    job = launch(world)  # on commit → eager task → launch
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING
+    assert job.flower_run_id == "18446744073709551615"
+    cfg = fake_superlink.submitted[0]
+    assert cfg["job-id"] == job.pk and cfg["num-rounds"] == 2
+    assert cfg["callback-token"] == job.callback_token
+    assert cfg["callback-url"].endswith(f"/jobs/callback/{job.pk}/")
+    import json
+
+    spec = json.loads(cfg["job-spec"])
+    assert set(spec["sites"]) == {v.dataset.site.slug for v in world["versions"]}
+    assert spec["target"] == "label" and spec["min_sites"] == 2
+
+
+def test_job_launch_twice_submits_once(world, fake_superlink, launch):
+    job = launch(world)
+    services.job_launch(job_id=job.pk)
+    assert len(fake_superlink.submitted) == 1
+
+
+def test_job_launch_refused_by_superlink_fails_with_reason(world, fake_superlink, launch):
+    fake_superlink.fail_submit = "connection refused"
+    job = launch(world)
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED
+    assert "connection refused" in job.status_detail
+
+
+def test_job_launch_with_grant_revoked_after_submit_fails(world, fake_superlink, settings):
+    job = submit(world)  # not eager: stays queued
+    g = world["grants"][0]
+    g.status = AccessStatus.REVOKED
+    g.save()
+    job = services.job_launch(job_id=job.pk)
+    assert job.status == JobStatus.FAILED
+    assert world["versions"][0].dataset.site.slug in job.status_detail
+    assert fake_superlink.submitted == []
+
+
+def test_job_launch_waits_when_pool_is_full(world, fake_superlink, launch):
+    first = launch(world)
+    second = launch(world)  # both pools have 1 slot, taken by the first job
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.status == JobStatus.RUNNING
+    assert second.status == JobStatus.QUEUED
+    assert "free slot" in second.status_detail
+    first.status = JobStatus.COMPLETED
+    first.save()
+    assert services.job_reconcile(job_id=second.pk).status == JobStatus.RUNNING
+
+
+def _round_payload(world, rnd, ok=True):
+    a, b = (v.dataset.site.slug for v in world["versions"])
+    return {
+        "event": "round",
+        "round": rnd,
+        "train_loss": 0.5,
+        "eval_loss": 0.4,
+        "eval_accuracy": 0.9,
+        "train_examples": 80,
+        "sites": {
+            a: {
+                "ok": True,
+                "train_examples": 40,
+                "eval_examples": 10,
+                "eval_accuracy": 0.9,
+                "cpu_seconds": 0.1,
+                "wall_seconds": 0.2,
+            },
+            b: {"ok": ok, "train_examples": 40 if ok else 0, "error": "" if ok else "boom"},
+        },
+    }
+
+
+def test_callback_round_is_idempotent(world, fake_superlink, launch):
+    job = launch(world)
+    for _ in range(2):
+        services.job_callback_record(job_id=job.pk, payload=_round_payload(world, 1))
+    assert RoundMetric.objects.filter(job=job).count() == 1
+    assert SiteRoundMetric.objects.filter(job_site__job=job).count() == 2
+    assert all(js.rounds_completed == 1 for js in job.sites.all())
+
+
+def test_callback_failed_site_is_dropped_with_its_error(world, fake_superlink, launch):
+    job = launch(world)
+    services.job_callback_record(job_id=job.pk, payload=_round_payload(world, 1, ok=False))
+    dropped = job.sites.get(site=world["versions"][1].dataset.site)
+    assert dropped.status == JobSiteStatus.DROPPED and dropped.last_error == "boom"
+
+
+def test_callback_answers_sites_whose_grant_was_revoked(world, fake_superlink, launch):
+    job = launch(world)
+    g = world["grants"][1]
+    g.status = AccessStatus.REVOKED
+    g.save()
+    answer = services.job_callback_record(job_id=job.pk, payload=_round_payload(world, 1))
+    assert answer["drop_sites"] == [world["versions"][1].dataset.site.slug]
+
+
+def test_callback_for_finished_job_refused(world, fake_superlink, launch):
+    job = launch(world)
+    FederatedJob.objects.filter(pk=job.pk).update(status=JobStatus.COMPLETED)
+    with pytest.raises(services.JobError):
+        services.job_callback_record(job_id=job.pk, payload=_round_payload(world, 1))
+
+
+@pytest.mark.parametrize(
+    ("sub_status", "final", "expected"),
+    [
+        ("completed", {"eval_accuracy": 0.9}, JobStatus.COMPLETED),
+        ("completed", {}, JobStatus.FAILED),  # finished without results: not a success
+        ("failed", {}, JobStatus.FAILED),
+        ("stopped", {}, JobStatus.STOPPED),
+    ],
+)
+def test_reconcile_follows_superlink(world, fake_superlink, launch, sub_status, final, expected):
+    job = launch(world)
+    FederatedJob.objects.filter(pk=job.pk).update(final_metrics=final)
+    fake_superlink.status = superlink.RunStatus("7", "finished", sub_status, "details here", {})
+    job = services.job_reconcile(job_id=job.pk)
+    assert job.status == expected
+    assert job.finished_at is not None
+    if expected == JobStatus.FAILED:
+        assert job.status_detail  # a readable reason
+
+
+def test_reconcile_keeps_serverapp_failure_reason(world, fake_superlink, launch):
+    job = launch(world)
+    services.job_callback_record(
+        job_id=job.pk, payload={"event": "failed", "reason": "only 1 of 2 sites"}
+    )
+    fake_superlink.status = superlink.RunStatus("7", "finished", "failed", "ServerApp exited", {})
+    job = services.job_reconcile(job_id=job.pk)
+    assert job.status == JobStatus.FAILED and job.status_detail == "only 1 of 2 sites"
+
+
+def test_reconcile_requeues_stale_launch(world, fake_superlink):
+    job = submit(world)
+    FederatedJob.objects.filter(pk=job.pk).update(
+        status=JobStatus.LAUNCHING, started_at=timezone.now() - timedelta(minutes=10)
+    )
+    assert services.job_reconcile(job_id=job.pk).status == JobStatus.QUEUED
+
+
+def test_stop_queued_job_stops_at_once(world):
+    job = submit(world)
+    job = services.job_stop(by=world["pi"], job_id=job.pk)
+    assert job.status == JobStatus.STOPPED
+
+
+def test_stop_running_job_asks_superlink(world, fake_superlink, launch):
+    job = launch(world)
+    services.job_stop(by=world["pi"], job_id=job.pk)
+    assert fake_superlink.stopped == ["18446744073709551615"]
+
+
+def test_stop_by_other_member_refused(world, fake_superlink, launch):
+    job = launch(world)
+    other = ProjectMemberFactory(project=world["project"]).user
+    with pytest.raises(services.JobError):
+        services.job_stop(by=other, job_id=job.pk)

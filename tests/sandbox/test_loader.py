@@ -1,0 +1,206 @@
+"""Tests for sandbox.loader: decrypt in memory, parse, X/y and the stratified split."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sandbox.crypto import generate_key
+from sandbox.ingest import ingest_csv
+from sandbox.loader import LoaderError, Table, load_table, load_xy, parse_table, train_test_split
+from sandbox.storage import FilesystemStore
+
+ROOT = Path(__file__).resolve().parents[2]
+IDS = {"site": "hospital-a", "dataset": "cohort", "version": 2}
+
+
+def _csv() -> str:
+    lines = ["id,age,bmi,smoker,outcome,note"]
+    for i in range(30):
+        bmi = "" if i == 4 else f"{20 + i / 4:.2f}"
+        smoker = "yes" if i % 3 == 0 else "no"
+        outcome = "sick" if i % 4 == 0 else "well"
+        lines.append(f"{i},{30 + i},{bmi},{smoker},{outcome},n{i}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def stored(tmp_path, kek):
+    store = FilesystemStore(tmp_path / "store")
+    src = tmp_path / "cohort.csv"
+    src.write_text(_csv())
+    result = ingest_csv(src, store=store, kek=kek, tmp_dir=tmp_path, **IDS)
+    return store, result
+
+
+def test_load_table_reads_back_what_ingest_wrote(stored, kek):
+    store, result = stored
+
+    table = load_table(store=store, kek=kek, store_key=result.store_key, **IDS)
+
+    assert table.columns == ["id", "age", "bmi", "smoker", "outcome", "note"]
+    assert table.types == {s["name"]: s["type"] for s in result.schema}
+    assert table.n_rows == result.row_count == 30
+    assert table.data["age"].dtype == np.float64
+    assert table.data["age"][:3].tolist() == [30.0, 31.0, 32.0]
+    assert np.isnan(table.data["bmi"][4])
+    assert table.data["smoker"].dtype == object
+    assert table.data["smoker"][:2].tolist() == ["yes", "no"]
+
+
+def test_load_table_with_wrong_key_or_ids_fails(stored, kek):
+    store, result = stored
+    with pytest.raises(LoaderError, match="cannot decrypt"):
+        load_table(store=store, kek=generate_key(), store_key=result.store_key, **IDS)
+    with pytest.raises(LoaderError, match="cannot decrypt"):
+        load_table(store=store, kek=kek, store_key=result.store_key, **{**IDS, "version": 3})
+
+
+def test_load_table_missing_object_hides_site_paths(stored, kek):
+    store, _ = stored
+    with pytest.raises(LoaderError, match="cannot read dataset object") as info:
+        load_table(store=store, kek=kek, store_key="hospital-a/cohort/v9.csv.enc", **IDS)
+    assert str(store.root) not in str(info.value)
+
+
+def test_load_table_tampered_object(stored, kek, tmp_path):
+    store, result = stored
+    data = bytearray(store.get_bytes(result.store_key))
+    data[-3] ^= 0x10
+    tampered = tmp_path / "tampered.enc"
+    tampered.write_bytes(bytes(data))
+    store.put_file(result.store_key, tampered)
+    with pytest.raises(LoaderError, match="cannot decrypt"):
+        load_table(store=store, kek=kek, store_key=result.store_key, **IDS)
+
+
+def test_load_xy_defaults_to_numeric_features(stored, kek):
+    store, result = stored
+    table = load_table(store=store, kek=kek, store_key=result.store_key, **IDS)
+    table.data["bmi"][4] = 25.0  # fill the missing value
+
+    X, y = load_xy(table, target="outcome")
+
+    assert X.shape == (30, 3) and X.dtype == np.float64  # id, age, bmi
+    assert X[1].tolist() == [1.0, 31.0, 20.25]
+    assert y.dtype == np.int64
+    assert y[:5].tolist() == [0, 1, 1, 1, 0]  # sorted labels: sick=0, well=1
+
+
+def test_load_xy_explicit_features_numeric_target(stored, kek):
+    store, result = stored
+    table = load_table(store=store, kek=kek, store_key=result.store_key, **IDS)
+
+    X, y = load_xy(table, target="id", features=["age"])
+
+    assert X.shape == (30, 1)
+    assert y.tolist() == list(range(30))
+
+
+def test_load_xy_with_global_classes(stored, kek):
+    store, result = stored
+    table = load_table(store=store, kek=kek, store_key=result.store_key, **IDS)
+
+    _, y = load_xy(table, target="outcome", features=["age"], classes=["well", "other", "sick"])
+
+    assert y[:2].tolist() == [2, 0]
+    with pytest.raises(LoaderError, match="outside the given classes"):
+        load_xy(table, target="outcome", features=["age"], classes=["well"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"target": "missing"}, "no column 'missing'"),
+        ({"target": "outcome", "features": ["age", "nope"]}, "no column 'nope'"),
+        ({"target": "outcome", "features": ["smoker"]}, "feature 'smoker' is not numeric"),
+        ({"target": "outcome", "features": ["bmi"]}, "feature 'bmi' has 1 missing values"),
+        ({"target": "bmi", "features": ["age"]}, "target 'bmi' has missing values"),
+        ({"target": "age", "features": ["age"]}, "cannot also be a feature"),
+    ],
+)
+def test_load_xy_errors(stored, kek, kwargs, message):
+    store, result = stored
+    table = load_table(store=store, kek=kek, store_key=result.store_key, **IDS)
+    with pytest.raises(LoaderError, match=message):
+        load_xy(table, **kwargs)
+
+
+def test_load_xy_non_integer_numeric_target():
+    table = parse_table("x,y\n1,0.5\n2,1\n")
+    with pytest.raises(LoaderError, match="non-integer"):
+        load_xy(table, target="y")
+
+
+def test_parse_table_matches_ingest_rules():
+    table = parse_table('a,b,c\n1,2.5,x\n,3,"y, z"\n\n4,5,\n')
+    assert isinstance(table, Table)
+    assert table.types == {"a": "int", "b": "float", "c": "str"}
+    assert np.isnan(table.data["a"][1])
+    assert table.data["c"].tolist() == ["x", "y, z", None]
+
+
+def _labelled(n_per_class: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    y = np.concatenate([np.full(n, label, dtype=np.int64) for label, n in n_per_class.items()])
+    X = np.arange(len(y), dtype=np.float64).reshape(-1, 1)
+    return X, y
+
+
+def test_split_is_deterministic_disjoint_and_covering():
+    X, y = _labelled({0: 50, 1: 30, 2: 20})
+
+    first = train_test_split(X, y, test_fraction=0.2, seed=7)
+    again = train_test_split(X, y, test_fraction=0.2, seed=7)
+    other = train_test_split(X, y, test_fraction=0.2, seed=8)
+
+    for a, b in zip(first, again, strict=True):
+        assert np.array_equal(a, b)
+    assert not np.array_equal(first[2], other[2])
+    X_train, y_train, X_test, y_test = first
+    train_rows, test_rows = set(X_train[:, 0]), set(X_test[:, 0])
+    assert not train_rows & test_rows
+    assert train_rows | test_rows == set(X[:, 0])
+    assert len(X_train) == len(y_train) and len(X_test) == len(y_test)
+    assert np.array_equal(y[X_test[:, 0].astype(int)], y_test)
+
+
+def test_split_is_stratified():
+    X, y = _labelled({0: 50, 1: 30, 2: 20})
+
+    _, y_train, _, y_test = train_test_split(X, y, test_fraction=0.2, seed=0)
+
+    assert np.bincount(y_test).tolist() == [10, 6, 4]
+    assert np.bincount(y_train).tolist() == [40, 24, 16]
+
+
+def test_split_keeps_tiny_classes_on_both_sides():
+    X, y = _labelled({0: 40, 1: 2, 2: 1})
+
+    _, y_train, _, y_test = train_test_split(X, y, test_fraction=0.2)
+
+    assert np.bincount(y_test, minlength=3).tolist() == [8, 1, 0]
+    assert np.bincount(y_train, minlength=3).tolist() == [32, 1, 1]
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0, -0.1, 1.5])
+def test_split_rejects_bad_fraction(fraction):
+    X, y = _labelled({0: 10})
+    with pytest.raises(ValueError, match="test_fraction"):
+        train_test_split(X, y, test_fraction=fraction)
+
+
+def test_loader_imports_no_django_and_no_heavy_libraries():
+    code = (
+        "import sys, sandbox.loader, sandbox.keyring, sandbox.storage\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in "
+        "('django', 'sklearn', 'pandas', 'minio', 'scipy')]\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.strip() == ""

@@ -1,0 +1,16 @@
+"""Settings for the test suite: the portal's settings with real services as defaults.
+
+PostgreSQL on 127.0.0.1:5432 and Redis db 15 on 127.0.0.1:6379 unless ``DATABASE_URL`` /
+``CELERY_BROKER_URL`` say otherwise. Loaded by pytest-django (see ``pyproject.toml``).
+"""
+
+import os
+import tempfile
+
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/frp")
+os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
+os.environ.setdefault("FRP_VAR_DIR", tempfile.mkdtemp(prefix="frp-test-var-"))
+
+from portal.settings import *  # noqa: E402,F403
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast hashing in tests only
