@@ -167,7 +167,8 @@ def job_submit(
 # ---------------------------------------------------------------------------------------------
 
 
-def _run_config(job: FederatedJob) -> dict:
+def job_run_config(job: FederatedJob) -> dict:
+    """The Flower run config of ``job``: job spec (sites → store keys), callback, hyper-parameters."""
     spec = {
         "sites": {
             js.site.slug: {
@@ -236,7 +237,7 @@ def job_launch(*, job_id: int) -> FederatedJob:
         job.status_detail = "submitting the run to the SuperLink"
         job.started_at = timezone.now()
         job.save(update_fields=["status", "status_detail", "started_at"])
-        run_config = _run_config(job)
+        run_config = job_run_config(job)
 
     try:
         run_id = superlink.run_submit(superlink_connection(), run_config)
