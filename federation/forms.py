@@ -11,8 +11,8 @@ from sandbox.selectors import usable_versions
 class DatasetChoiceField(forms.ModelMultipleChoiceField):
     def label_from_instance(self, obj) -> str:
         return (
-            f"{obj.dataset.title} — {obj.dataset.site.name} ({obj.dataset.site.institution.name}), "
-            f"v{obj.version}, {obj.row_count:,} rows"
+            f"{obj.dataset.title} v{obj.version} · {obj.dataset.site.name} "
+            f"({obj.dataset.site.institution.name}) · {obj.row_count:,} rows"
         )
 
 
@@ -56,6 +56,8 @@ class JobSubmitForm(forms.Form):
         super().__init__(*args, **kwargs)
         projects = projects_for_user(user=user)
         self.fields["project"].queryset = projects
+        if len(projects) == 1:
+            self.fields["project"].initial = projects[0].pk
         self.fields["datasets"].queryset = self._versions_queryset(projects)
 
     @staticmethod
@@ -68,6 +70,14 @@ class JobSubmitForm(forms.Form):
             .select_related("dataset__site__institution")
             .order_by("dataset__site__slug", "dataset__slug")
         )
+
+    @property
+    def column_names(self) -> list[str]:
+        """Column names of the offered datasets, for the target field's suggestions."""
+        names: dict[str, None] = {}
+        for version in self.fields["datasets"].queryset:
+            names.update((c["name"], None) for c in version.schema)
+        return list(names)
 
     def clean_feature_columns(self) -> list[str]:
         raw = self.cleaned_data.get("feature_columns", "")

@@ -94,6 +94,8 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 LOGIN_URL = "account_login"
 LOGIN_REDIRECT_URL = "portal:dashboard"
+ACCOUNT_ADAPTER = "portal.adapters.AccountAdapter"
+FRP_OPEN_SIGNUP = env.bool("FRP_OPEN_SIGNUP", default=False)
 ACCOUNT_LOGIN_METHODS = {"username", "email"}
 ACCOUNT_SIGNUP_FIELDS = ["email*", "username*", "password1*", "password2*"]
 ACCOUNT_EMAIL_VERIFICATION = "none"
