@@ -1,7 +1,27 @@
-"""Boundary to django-allauth: who may sign up (SSO adapters arrive with institutional sign-in)."""
+"""Boundary to django-allauth: who may sign up, and how a single sign-on becomes a portal user.
+
+Contract:
+
+- Identity is (IdP, subject): ``SocialAccount(provider=<IdP provider_id>, uid=<subject>)``. An e-mail
+  address never links a sign-on to an existing account: when an IdP asserts an e-mail that another
+  account already holds (compared case-insensitively), the sign-in is refused with a clear page.
+- A new SSO user becomes a researcher of the IdP's institution.
+- A disabled IdP signs nobody in.
+- Local self-sign-up is closed unless ``FRP_OPEN_SIGNUP`` (accounts are onboarded by institutions).
+"""
+
+from __future__ import annotations
+
+import re
 
 from allauth.account.adapter import DefaultAccountAdapter
+from allauth.core.exceptions import ImmediateHttpResponse
+from allauth.socialaccount.adapter import DefaultSocialAccountAdapter
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.shortcuts import render
+
+from portal.models import IdentityProvider, Role
 
 
 class AccountAdapter(DefaultAccountAdapter):
@@ -9,3 +29,68 @@ class AccountAdapter(DefaultAccountAdapter):
 
     def is_open_for_signup(self, request) -> bool:
         return settings.FRP_OPEN_SIGNUP
+
+
+def _idp_for(sociallogin) -> IdentityProvider | None:
+    return (
+        IdentityProvider.objects.select_related("institution")
+        .filter(provider_id=sociallogin.account.provider)
+        .first()
+    )
+
+
+def _refuse(request, title: str, message: str):
+    response = render(
+        request, "account/sso_refused.html", {"title": title, "message": message}, status=403
+    )
+    raise ImmediateHttpResponse(response)
+
+
+class SocialAccountAdapter(DefaultSocialAccountAdapter):
+    """Maps institutional sign-ons to portal users (see the module docstring)."""
+
+    def is_open_for_signup(self, request, sociallogin) -> bool:
+        idp = _idp_for(sociallogin)
+        return bool(idp and idp.enabled)
+
+    def pre_social_login(self, request, sociallogin) -> None:
+        idp = _idp_for(sociallogin)
+        if idp is None or not idp.enabled:
+            _refuse(
+                request, "Sign-in refused", "This identity provider is not enabled on the portal."
+            )
+        if sociallogin.is_existing:
+            return
+        email = (sociallogin.user.email or "").strip()
+        User = get_user_model()
+        if email and User.objects.filter(email__iexact=email).exists():
+            _refuse(
+                request,
+                "This e-mail address belongs to another account",
+                f"{idp.institution.name} asserted an e-mail address that an existing portal account "
+                "already uses. Accounts are never linked by e-mail; ask your institution admin.",
+            )
+
+    def populate_user(self, request, sociallogin, data):
+        user = super().populate_user(request, sociallogin, data)
+        user.email = (user.email or "").strip().lower()
+        base = re.sub(
+            r"[^a-z0-9_.-]", "", (user.email.split("@")[0] or sociallogin.account.uid).lower()
+        )
+        base = (base or "user")[:24]
+        User = get_user_model()
+        candidate, n = base, 1
+        while User.objects.filter(username=candidate).exists():
+            n += 1
+            candidate = f"{base}{n}"
+        user.username = candidate
+        return user
+
+    def save_user(self, request, sociallogin, form=None):
+        from portal.services import membership_grant
+
+        user = super().save_user(request, sociallogin, form)
+        idp = _idp_for(sociallogin)
+        if idp is not None:
+            membership_grant(by=user, user=user, institution=idp.institution, role=Role.RESEARCHER)
+        return user

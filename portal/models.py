@@ -12,6 +12,10 @@ class Institution(models.Model):
     email_domain = models.CharField(
         max_length=200, blank=True, help_text="Lets users find their institution at sign-in."
     )
+    require_mfa_for_staff = models.BooleanField(
+        default=False,
+        help_text="Institution admins and data stewards must use an authenticator app (TOTP).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -116,3 +120,73 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.created_at:%Y-%m-%d %H:%M} {self.actor} {self.action} {self.target_type}:{self.target_id}"
+
+
+class IdPProtocol(models.TextChoices):
+    OIDC = "oidc", "OpenID Connect"
+    SAML = "saml", "SAML 2.0"
+
+
+class IdentityProvider(models.Model):
+    """An institution's single sign-on provider, configured by its admin on the portal's pages.
+
+    Identity is (``provider_id``, subject): ``provider_id`` includes a hash of the issuer / entity id,
+    so replacing an institution's IdP never lets the new IdP's subjects reach the old IdP's accounts.
+    The portal keeps allauth's ``SocialApp`` in step (``portal.services.identity_provider_configure``).
+    """
+
+    institution = models.OneToOneField(
+        Institution, on_delete=models.CASCADE, related_name="identity_provider"
+    )
+    protocol = models.CharField(max_length=8, choices=IdPProtocol.choices)
+    enabled = models.BooleanField(default=True)
+    provider_id = models.SlugField(max_length=80, unique=True, editable=False)
+    display_name = models.CharField(max_length=200, blank=True)
+    # OpenID Connect
+    issuer = models.URLField(blank=True, help_text="Issuer URL (discovery at /.well-known/…).")
+    client_id = models.CharField(max_length=255, blank=True)
+    client_secret = models.CharField(max_length=255, blank=True)
+    # SAML 2.0
+    entity_id = models.CharField(max_length=255, blank=True)
+    sso_url = models.URLField(blank=True, help_text="The IdP's SingleSignOnService (Redirect).")
+    x509cert = models.TextField(blank=True, help_text="The IdP's signing certificate (PEM).")
+    uid_attribute = models.CharField(max_length=255, blank=True)
+    email_attribute = models.CharField(max_length=255, blank=True)
+    social_app = models.OneToOneField(
+        "socialaccount.SocialApp",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.get_protocol_display()} for {self.institution}"
+
+    @property
+    def login_path(self) -> str:
+        """Where a sign-in with this IdP starts (POST)."""
+        from django.urls import reverse
+
+        if self.protocol == IdPProtocol.OIDC:
+            return reverse("openid_connect_login", kwargs={"provider_id": self.provider_id})
+        return reverse("saml_login", kwargs={"organization_slug": self.provider_id})
+
+    def endpoints(self, request) -> dict[str, str]:
+        """The absolute URLs the IdP must be told about (redirect URI, or ACS / entity id)."""
+        from django.urls import reverse
+
+        url = request.build_absolute_uri
+        if self.protocol == IdPProtocol.OIDC:
+            return {
+                "Redirect (callback) URI": url(
+                    reverse("openid_connect_callback", kwargs={"provider_id": self.provider_id})
+                ),
+            }
+        kwargs = {"organization_slug": self.provider_id}
+        return {
+            "SP entity ID (metadata URL)": url(reverse("saml_metadata", kwargs=kwargs)),
+            "Assertion Consumer Service (HTTP-POST)": url(reverse("saml_acs", kwargs=kwargs)),
+            "Single Logout Service": url(reverse("saml_sls", kwargs=kwargs)),
+        }

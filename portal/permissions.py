@@ -26,7 +26,8 @@ def can(user, action: str, obj=None) -> bool:
     """True when ``user`` may do ``action`` on ``obj``.
 
     Actions: ``project.view``, ``job.submit`` (obj: Project), ``job.view``, ``job.stop``
-    (obj: FederatedJob), ``dataset.register`` (obj: Site), ``access.decide`` (obj: Dataset).
+    (obj: FederatedJob), ``institution.admin`` (obj: Institution; platform admins too),
+    ``dataset.register`` (obj: Site), ``access.decide`` (obj: Dataset).
     Unknown actions raise ``ValueError`` so a typo cannot silently allow or deny.
     """
     if user is None or not user.is_authenticated or not user.is_active:
@@ -38,6 +39,8 @@ def can(user, action: str, obj=None) -> bool:
     if action == "job.stop":
         role = _project_role(user, obj.project)
         return obj.submitted_by_id == user.pk or role == ProjectRole.PRINCIPAL_INVESTIGATOR
+    if action == "institution.admin":
+        return user.is_staff or _has_role(user, obj, Role.INSTITUTION_ADMIN)
     if action == "dataset.register":
         return _has_role(user, obj.institution, Role.DATA_STEWARD)
     if action == "access.decide":

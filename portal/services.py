@@ -1,10 +1,21 @@
-"""Writes of the portal core: audit events, institutions, memberships and projects."""
+"""Writes of the portal core: audit events, memberships, projects, identity providers, sessions."""
 
 from __future__ import annotations
 
+import hashlib
+
 from django.db import transaction
 
-from portal.models import AuditEvent, Institution, Membership, Project, ProjectMember, ProjectRole
+from portal.models import (
+    AuditEvent,
+    IdentityProvider,
+    IdPProtocol,
+    Institution,
+    Membership,
+    Project,
+    ProjectMember,
+    ProjectRole,
+)
 
 
 def audit_record(
@@ -62,3 +73,217 @@ def project_member_add(*, by, project: Project, user, role: str = ProjectRole.ME
             user=user.username,
         )
     return member
+
+
+# ---------------------------------------------------------------------------------------------
+# Identity providers (single sign-on)
+# ---------------------------------------------------------------------------------------------
+
+
+class IdentityProviderError(Exception):
+    """An IdP configuration is incomplete or invalid; ``field_errors`` maps fields to messages."""
+
+    def __init__(self, message: str, field_errors: dict[str, list[str]] | None = None):
+        super().__init__(message)
+        self.field_errors = field_errors or {}
+
+
+def _provider_id(institution: Institution, protocol: str, key: str) -> str:
+    digest = hashlib.sha256(f"{protocol}\n{key}".encode()).hexdigest()[:8]
+    return f"{institution.slug}-{protocol}-{digest}"
+
+
+def _check_certificate(pem: str) -> str:
+    """Return the certificate body (base64 DER, one line) of a PEM; raise ``ValueError`` if invalid."""
+    from cryptography import x509
+
+    text = pem.strip()
+    if "BEGIN CERTIFICATE" not in text:
+        text = f"-----BEGIN CERTIFICATE-----\n{text}\n-----END CERTIFICATE-----"
+    x509.load_pem_x509_certificate(text.encode())
+    body = text.split("-----BEGIN CERTIFICATE-----")[1].split("-----END CERTIFICATE-----")[0]
+    return "".join(body.split())
+
+
+@transaction.atomic
+def identity_provider_configure(
+    *,
+    by,
+    institution: Institution,
+    protocol: str,
+    enabled: bool = True,
+    display_name: str = "",
+    issuer: str = "",
+    client_id: str = "",
+    client_secret: str = "",
+    entity_id: str = "",
+    sso_url: str = "",
+    x509cert: str = "",
+    uid_attribute: str = "",
+    email_attribute: str = "",
+) -> IdentityProvider:
+    """Create or replace the institution's IdP and keep allauth's ``SocialApp`` in step.
+
+    OpenID Connect needs ``issuer``, ``client_id`` and ``client_secret`` (an empty secret on update
+    keeps the stored one); SAML needs ``entity_id``, ``sso_url`` and the IdP's signing ``x509cert``
+    (PEM). SAML assertions must be signed; IdP-initiated (unsolicited) responses are refused.
+    Raises ``IdentityProviderError`` with per-field messages.
+    """
+    from allauth.socialaccount.models import SocialApp
+
+    existing = IdentityProvider.objects.filter(institution=institution).first()
+    errors: dict[str, list[str]] = {}
+    if protocol == IdPProtocol.OIDC:
+        client_secret = client_secret or (existing.client_secret if existing else "")
+        for name, value in (
+            ("issuer", issuer),
+            ("client_id", client_id),
+            ("client_secret", client_secret),
+        ):
+            if not value:
+                errors.setdefault(name, []).append("Required for OpenID Connect.")
+        key = issuer.rstrip("/")
+    elif protocol == IdPProtocol.SAML:
+        for name, value in (("entity_id", entity_id), ("sso_url", sso_url), ("x509cert", x509cert)):
+            if not value:
+                errors.setdefault(name, []).append("Required for SAML 2.0.")
+        if x509cert:
+            try:
+                cert_body = _check_certificate(x509cert)
+            except ValueError:
+                errors.setdefault("x509cert", []).append("Not a valid PEM X.509 certificate.")
+        key = entity_id
+    else:
+        raise IdentityProviderError("unknown protocol", {"protocol": [f"Unknown: {protocol!r}"]})
+    if errors:
+        raise IdentityProviderError("the identity provider settings are incomplete", errors)
+
+    provider_id = _provider_id(institution, protocol, key)
+    name = display_name or institution.name
+    if protocol == IdPProtocol.OIDC:
+        app_fields = {
+            "provider": "openid_connect",
+            "name": name,
+            "client_id": client_id,
+            "secret": client_secret,
+            "settings": {"server_url": issuer.rstrip("/"), "oauth_pkce_enabled": True},
+        }
+    else:
+        mapping = {}
+        if uid_attribute:
+            mapping["uid"] = uid_attribute
+        if email_attribute:
+            mapping["email"] = email_attribute
+        app_fields = {
+            "provider": "saml",
+            "name": name,
+            "client_id": provider_id,  # the organisation slug in allauth's SAML URLs
+            "secret": "",
+            "settings": {
+                "idp": {"entity_id": entity_id, "sso_url": sso_url, "x509cert": cert_body},
+                "attribute_mapping": mapping,
+                "advanced": {
+                    "want_assertion_signed": True,
+                    "reject_idp_initiated_sso": True,
+                    "strict": True,
+                },
+            },
+        }
+    app = existing.social_app if existing and existing.social_app_id else None
+    if app is None:
+        app = SocialApp(provider_id=provider_id, **app_fields)
+    else:
+        app.provider_id = provider_id
+        for k, v in app_fields.items():
+            setattr(app, k, v)
+    app.save()
+
+    idp = existing or IdentityProvider(institution=institution)
+    idp.protocol = protocol
+    idp.enabled = enabled
+    idp.provider_id = provider_id
+    idp.display_name = display_name
+    idp.issuer, idp.client_id, idp.client_secret = issuer, client_id, client_secret
+    idp.entity_id, idp.sso_url, idp.x509cert = entity_id, sso_url, x509cert
+    idp.uid_attribute, idp.email_attribute = uid_attribute, email_attribute
+    idp.social_app = app
+    idp.save()
+    audit_record(
+        by=by,
+        action="idp.configure",
+        target=idp,
+        institution=institution,
+        protocol=protocol,
+        provider_id=provider_id,
+        enabled=enabled,
+    )
+    return idp
+
+
+# ---------------------------------------------------------------------------------------------
+# Members
+# ---------------------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def membership_revoke(*, by, user, institution: Institution, role: str) -> None:
+    """Take ``role`` at ``institution`` away from ``user`` (idempotent)."""
+    deleted, _ = Membership.objects.filter(user=user, institution=institution, role=role).delete()
+    if deleted:
+        audit_record(
+            by=by, action="membership.revoke", target=user, institution=institution, role=role
+        )
+
+
+def user_sessions_end(*, user) -> int:
+    """End every session of ``user`` (allauth user sessions); returns how many were ended."""
+    from allauth.usersessions.models import UserSession
+
+    sessions = list(UserSession.objects.filter(user=user))
+    for session in sessions:
+        session.end()
+    return len(sessions)
+
+
+@transaction.atomic
+def member_deactivate(*, by, user, institution: Institution):
+    """Deactivate ``user`` (a member of ``institution``) and end all of their sessions."""
+    user.is_active = False
+    user.save(update_fields=["is_active"])
+    ended = user_sessions_end(user=user)
+    audit_record(
+        by=by,
+        action="member.deactivate",
+        target=user,
+        institution=institution,
+        sessions_ended=ended,
+    )
+    return user
+
+
+@transaction.atomic
+def member_roles_set(*, by, user, institution: Institution, roles: list[str]) -> set[str]:
+    """Make ``user``'s roles at ``institution`` exactly ``roles``; returns the roles now held."""
+    current = set(
+        Membership.objects.filter(user=user, institution=institution).values_list("role", flat=True)
+    )
+    for role in set(roles) - current:
+        membership_grant(by=by, user=user, institution=institution, role=role)
+    for role in current - set(roles):
+        membership_revoke(by=by, user=user, institution=institution, role=role)
+    return set(roles)
+
+
+@transaction.atomic
+def institution_security_set(*, by, institution: Institution, require_mfa_for_staff: bool) -> None:
+    """Require (or not) TOTP for the institution's admins and data stewards."""
+    if institution.require_mfa_for_staff != require_mfa_for_staff:
+        institution.require_mfa_for_staff = require_mfa_for_staff
+        institution.save(update_fields=["require_mfa_for_staff"])
+        audit_record(
+            by=by,
+            action="institution.security",
+            target=institution,
+            institution=institution,
+            require_mfa_for_staff=require_mfa_for_staff,
+        )

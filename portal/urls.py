@@ -3,8 +3,11 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from portal.views import sso
+
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("accounts/login/", sso.login, name="account_login"),  # allauth's, with SSO choices
     path("accounts/", include("allauth.urls")),
     path("jobs/", include("federation.urls")),
     path("", include("portal.app_urls")),

@@ -1,4 +1,4 @@
-"""Views of the portal core: the researcher dashboard."""
+"""The researcher dashboard."""
 
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render

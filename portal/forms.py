@@ -1,0 +1,68 @@
+"""Forms of the portal core: IdP settings, member roles, SSO discovery by e-mail."""
+
+from __future__ import annotations
+
+from django import forms
+
+from portal.models import IdPProtocol, Role
+
+
+class SSODiscoverForm(forms.Form):
+    email = forms.EmailField(
+        label="Institutional e-mail",
+        help_text="We send you to your institution's sign-in page; we do not store this address.",
+    )
+
+
+class IdentityProviderForm(forms.Form):
+    """What an institution admin enters to connect their IdP (see README: Connecting an IdP)."""
+
+    protocol = forms.ChoiceField(choices=IdPProtocol.choices, widget=forms.RadioSelect)
+    enabled = forms.BooleanField(required=False, initial=True, help_text="Untick to pause SSO.")
+    display_name = forms.CharField(
+        required=False, max_length=200, help_text="Shown on the sign-in button (default: name)."
+    )
+    issuer = forms.URLField(
+        required=False,
+        label="Issuer URL",
+        help_text="OpenID Connect: the issuer; the portal reads <issuer>/.well-known/openid-configuration.",
+    )
+    client_id = forms.CharField(required=False, max_length=255, label="Client ID")
+    client_secret = forms.CharField(
+        required=False,
+        max_length=255,
+        label="Client secret",
+        widget=forms.PasswordInput(render_value=False),
+        help_text="Leave empty to keep the stored secret.",
+    )
+    entity_id = forms.CharField(
+        required=False, max_length=255, label="IdP entity ID", help_text="SAML 2.0."
+    )
+    sso_url = forms.URLField(
+        required=False, label="IdP SSO URL", help_text="SingleSignOnService, HTTP-Redirect binding."
+    )
+    x509cert = forms.CharField(
+        required=False,
+        label="IdP signing certificate",
+        widget=forms.Textarea(attrs={"rows": 5}),
+        help_text="PEM. Assertions must be signed with this certificate.",
+    )
+    uid_attribute = forms.CharField(
+        required=False,
+        max_length=255,
+        label="Subject attribute",
+        help_text="SAML attribute holding the stable user id (default: the NameID).",
+    )
+    email_attribute = forms.CharField(
+        required=False, max_length=255, label="E-mail attribute", help_text="SAML attribute name."
+    )
+    require_mfa_for_staff = forms.BooleanField(
+        required=False,
+        label="Require an authenticator app (TOTP) for institution admins and data stewards",
+    )
+
+
+class MemberRolesForm(forms.Form):
+    roles = forms.MultipleChoiceField(
+        choices=Role.choices, required=False, widget=forms.CheckboxSelectMultiple
+    )

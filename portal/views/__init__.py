@@ -1,0 +1,1 @@
+"""Views of the portal core, one module per area (dashboard, sign-in, institution admin, projects)."""
