@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django import forms
 
-from portal.models import IdPProtocol, Role
+from portal.models import IdPProtocol, ProjectRole, Role
 
 
 class SSODiscoverForm(forms.Form):
@@ -23,6 +23,7 @@ class IdentityProviderForm(forms.Form):
         required=False, max_length=200, help_text="Shown on the sign-in button (default: name)."
     )
     issuer = forms.URLField(
+        assume_scheme="https",
         required=False,
         label="Issuer URL",
         help_text="OpenID Connect: the issuer; the portal reads <issuer>/.well-known/openid-configuration.",
@@ -39,7 +40,10 @@ class IdentityProviderForm(forms.Form):
         required=False, max_length=255, label="IdP entity ID", help_text="SAML 2.0."
     )
     sso_url = forms.URLField(
-        required=False, label="IdP SSO URL", help_text="SingleSignOnService, HTTP-Redirect binding."
+        assume_scheme="https",
+        required=False,
+        label="IdP SSO URL",
+        help_text="SingleSignOnService, HTTP-Redirect binding.",
     )
     x509cert = forms.CharField(
         required=False,
@@ -66,3 +70,24 @@ class MemberRolesForm(forms.Form):
     roles = forms.MultipleChoiceField(
         choices=Role.choices, required=False, widget=forms.CheckboxSelectMultiple
     )
+
+
+class ProjectCreateForm(forms.Form):
+    title = forms.CharField(max_length=200, help_text="What the collaboration studies.")
+    institution = forms.ModelChoiceField(
+        queryset=None,
+        label="Lead institution",
+        help_text="Your institution that leads the project; it is invoiced for the project's compute.",
+    )
+    description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}))
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        from portal.selectors import user_institutions
+
+        self.fields["institution"].queryset = user_institutions(user=user)
+
+
+class InviteForm(forms.Form):
+    email = forms.EmailField(help_text="The person's institutional e-mail; any institution.")
+    role = forms.ChoiceField(choices=ProjectRole.choices, initial=ProjectRole.MEMBER)

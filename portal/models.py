@@ -190,3 +190,60 @@ class IdentityProvider(models.Model):
             "Assertion Consumer Service (HTTP-POST)": url(reverse("saml_acs", kwargs=kwargs)),
             "Single Logout Service": url(reverse("saml_sls", kwargs=kwargs)),
         }
+
+
+class InvitationStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    ACCEPTED = "accepted", "Accepted"
+    DECLINED = "declined", "Declined"
+    REVOKED = "revoked", "Revoked"
+
+
+def _invitation_token() -> str:
+    import secrets
+
+    return secrets.token_urlsafe(32)
+
+
+class ProjectInvitation(models.Model):
+    """An invitation to join a project, possibly from another institution, sent to an e-mail.
+
+    Accepting needs a signed-in account whose e-mail matches (case-insensitively); the invitation
+    expires at ``expires_at``.
+    """
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="invitations")
+    email = models.EmailField()
+    role = models.CharField(max_length=16, choices=ProjectRole.choices, default=ProjectRole.MEMBER)
+    token = models.CharField(max_length=64, unique=True, default=_invitation_token, editable=False)
+    status = models.CharField(
+        max_length=16, choices=InvitationStatus.choices, default=InvitationStatus.PENDING
+    )
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    responded_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    expires_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    responded_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                "project",
+                models.functions.Lower("email"),
+                condition=models.Q(status="pending"),
+                name="invitation_one_pending_per_email",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.email} → {self.project} ({self.status})"
+
+    def is_expired(self, at=None) -> bool:
+        from django.utils import timezone
+
+        return (at or timezone.now()) >= self.expires_at

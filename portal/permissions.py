@@ -25,7 +25,8 @@ def _has_role(user, institution, role: str) -> bool:
 def can(user, action: str, obj=None) -> bool:
     """True when ``user`` may do ``action`` on ``obj``.
 
-    Actions: ``project.view``, ``job.submit`` (obj: Project), ``job.view``, ``job.stop``
+    Actions: ``project.create`` (obj: None; researchers), ``project.view``, ``project.invite``
+    (PI only), ``job.submit`` (obj: Project), ``job.view``, ``job.stop``
     (obj: FederatedJob), ``institution.admin`` (obj: Institution; platform admins too),
     ``dataset.register`` (obj: Site), ``access.decide`` (obj: Dataset).
     Unknown actions raise ``ValueError`` so a typo cannot silently allow or deny.
@@ -34,6 +35,10 @@ def can(user, action: str, obj=None) -> bool:
         return False
     if action in {"project.view", "job.submit"}:
         return _project_role(user, obj) is not None
+    if action == "project.invite":
+        return _project_role(user, obj) == ProjectRole.PRINCIPAL_INVESTIGATOR
+    if action == "project.create":
+        return Membership.objects.filter(user=user, role=Role.RESEARCHER).exists()
     if action == "job.view":
         return _project_role(user, obj.project) is not None
     if action == "job.stop":

@@ -77,3 +77,16 @@ def institution_members(*, institution):
 def institution_audit(*, institution):
     """The institution's audit events, newest first, actor joined."""
     return AuditEvent.objects.filter(institution=institution).select_related("actor")
+
+
+def invitations_for_user(*, user):
+    """Pending, unexpired invitations addressed to the user's e-mail."""
+    from django.utils import timezone
+
+    from portal.models import InvitationStatus, ProjectInvitation
+
+    if not user.email:
+        return ProjectInvitation.objects.none()
+    return ProjectInvitation.objects.filter(
+        email__iexact=user.email, status=InvitationStatus.PENDING, expires_at__gt=timezone.now()
+    ).select_related("project__institution", "invited_by")

@@ -287,3 +287,128 @@ def institution_security_set(*, by, institution: Institution, require_mfa_for_st
             institution=institution,
             require_mfa_for_staff=require_mfa_for_staff,
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# Project invitations
+# ---------------------------------------------------------------------------------------------
+
+INVITATION_DAYS = 14
+
+
+class InvitationError(Exception):
+    """An invitation cannot be sent, accepted or declined; the message says why."""
+
+
+@transaction.atomic
+def project_invite(*, by, project: Project, email: str, role: str = ProjectRole.MEMBER):
+    """The project's PI invites ``email`` (any institution); valid for ``INVITATION_DAYS`` days."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from portal.models import InvitationStatus, ProjectInvitation
+    from portal.permissions import can
+
+    if not can(by, "project.invite", project):
+        raise InvitationError("only the project's principal investigator may invite")
+    email = email.strip().lower()
+    if project.members.filter(email__iexact=email).exists():
+        raise InvitationError(f"{email} is already a member of this project")
+    if project.invitations.filter(email__iexact=email, status=InvitationStatus.PENDING).exists():
+        raise InvitationError(f"{email} already has a pending invitation")
+    invitation = ProjectInvitation.objects.create(
+        project=project,
+        email=email,
+        role=role,
+        invited_by=by,
+        expires_at=timezone.now() + timedelta(days=INVITATION_DAYS),
+    )
+    audit_record(
+        by=by,
+        action="project.invite",
+        target=project,
+        institution=project.institution,
+        email=email,
+        role=role,
+    )
+    return invitation
+
+
+def _open_invitation(invitation_id: int, user):
+    from portal.models import InvitationStatus, ProjectInvitation
+
+    invitation = ProjectInvitation.objects.select_for_update().get(pk=invitation_id)
+    if invitation.status != InvitationStatus.PENDING:
+        raise InvitationError(
+            f"this invitation was already {invitation.get_status_display().lower()}"
+        )
+    if invitation.is_expired():
+        raise InvitationError("this invitation has expired; ask the project's PI for a new one")
+    if (user.email or "").lower() != invitation.email.lower():
+        raise InvitationError("this invitation was sent to another e-mail address")
+    return invitation
+
+
+@transaction.atomic
+def invitation_accept(*, by, invitation_id: int) -> ProjectMember:
+    """The invited person accepts: they join the project with the invited role."""
+    from django.utils import timezone
+
+    from portal.models import InvitationStatus
+
+    invitation = _open_invitation(invitation_id, by)
+    member = project_member_add(by=by, project=invitation.project, user=by, role=invitation.role)
+    invitation.status = InvitationStatus.ACCEPTED
+    invitation.responded_by = by
+    invitation.responded_at = timezone.now()
+    invitation.save(update_fields=["status", "responded_by", "responded_at"])
+    audit_record(
+        by=by,
+        action="project.invitation_accept",
+        target=invitation.project,
+        institution=invitation.project.institution,
+    )
+    return member
+
+
+@transaction.atomic
+def invitation_decline(*, by, invitation_id: int) -> None:
+    """The invited person declines."""
+    from django.utils import timezone
+
+    from portal.models import InvitationStatus
+
+    invitation = _open_invitation(invitation_id, by)
+    invitation.status = InvitationStatus.DECLINED
+    invitation.responded_by = by
+    invitation.responded_at = timezone.now()
+    invitation.save(update_fields=["status", "responded_by", "responded_at"])
+    audit_record(
+        by=by,
+        action="project.invitation_decline",
+        target=invitation.project,
+        institution=invitation.project.institution,
+    )
+
+
+@transaction.atomic
+def project_member_role_set(*, by, project: Project, user, role: str) -> ProjectMember:
+    """The PI assigns a project role (``ProjectRole``) to a member."""
+    from portal.permissions import can
+
+    if not can(by, "project.invite", project):
+        raise InvitationError("only the project's principal investigator may assign roles")
+    member = ProjectMember.objects.get(project=project, user=user)
+    if member.role != role:
+        member.role = role
+        member.save(update_fields=["role"])
+        audit_record(
+            by=by,
+            action="project.role_set",
+            target=project,
+            institution=project.institution,
+            user=user.username,
+            role=role,
+        )
+    return member

@@ -1,0 +1,203 @@
+"""Unit tests of portal services: identity providers, member roles and deactivation, invitations."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from allauth.socialaccount.models import SocialApp
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from django.contrib.sessions.models import Session
+from django.test import Client
+from django.utils import timezone
+
+from portal import services
+from portal.models import (
+    AuditEvent,
+    IdentityProvider,
+    InvitationStatus,
+    Membership,
+    ProjectMember,
+    ProjectRole,
+    Role,
+)
+from tests.factories import InstitutionFactory, ProjectFactory, ProjectMemberFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def _self_signed_pem() -> str:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "idp.example")])
+    now = timezone.now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    return cert.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def test_idp_configure_oidc_creates_social_app_with_issuer():
+    inst = InstitutionFactory(slug="uni")
+    idp = services.identity_provider_configure(
+        by=None,
+        institution=inst,
+        protocol="oidc",
+        issuer="http://127.0.0.2:9000/",
+        client_id="portal",
+        client_secret="s",
+    )
+    app = SocialApp.objects.get(provider_id=idp.provider_id)
+    assert app.provider == "openid_connect"
+    assert app.settings["server_url"] == "http://127.0.0.2:9000"
+    assert (app.client_id, app.secret) == ("portal", "s")
+    assert idp.provider_id.startswith("uni-oidc-")
+    assert AuditEvent.objects.filter(action="idp.configure", institution=inst).exists()
+
+
+def test_idp_configure_keeps_secret_when_left_empty():
+    inst = InstitutionFactory()
+    kwargs = dict(
+        by=None, institution=inst, protocol="oidc", issuer="http://i.example", client_id="c"
+    )
+    services.identity_provider_configure(client_secret="first", **kwargs)
+    idp = services.identity_provider_configure(client_secret="", **kwargs)
+    assert idp.social_app.secret == "first"
+    assert SocialApp.objects.count() == 1
+
+
+def test_idp_new_issuer_gets_new_provider_id():
+    inst = InstitutionFactory()
+    kwargs = dict(by=None, institution=inst, protocol="oidc", client_id="c", client_secret="s")
+    a = services.identity_provider_configure(issuer="http://old.example", **kwargs).provider_id
+    b = services.identity_provider_configure(issuer="http://new.example", **kwargs).provider_id
+    assert a != b  # subjects of a new IdP never reach the old IdP's accounts
+
+
+def test_idp_configure_saml_requires_signed_assertions():
+    inst = InstitutionFactory()
+    idp = services.identity_provider_configure(
+        by=None,
+        institution=inst,
+        protocol="saml",
+        entity_id="https://idp.example/saml",
+        sso_url="https://idp.example/sso",
+        x509cert=_self_signed_pem(),
+    )
+    settings = idp.social_app.settings
+    assert idp.social_app.provider == "saml"
+    assert idp.social_app.client_id == idp.provider_id
+    assert settings["advanced"]["want_assertion_signed"] is True
+    assert settings["advanced"]["reject_idp_initiated_sso"] is True
+    assert "BEGIN" not in settings["idp"]["x509cert"]  # the base64 body python3-saml expects
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"protocol": "oidc", "client_id": "c", "client_secret": "s"}, "issuer"),
+        ({"protocol": "saml", "entity_id": "e", "sso_url": "https://x"}, "x509cert"),
+        (
+            {"protocol": "saml", "entity_id": "e", "sso_url": "https://x", "x509cert": "junk"},
+            "x509cert",
+        ),
+    ],
+)
+def test_idp_configure_incomplete_names_field(kwargs, field):
+    with pytest.raises(services.IdentityProviderError) as err:
+        services.identity_provider_configure(by=None, institution=InstitutionFactory(), **kwargs)
+    assert field in err.value.field_errors
+    assert not IdentityProvider.objects.exists() and not SocialApp.objects.exists()
+
+
+def test_member_roles_set_grants_and_revokes_exactly():
+    inst, user = InstitutionFactory(), UserFactory()
+    services.member_roles_set(by=None, user=user, institution=inst, roles=[Role.RESEARCHER])
+    services.member_roles_set(
+        by=None, user=user, institution=inst, roles=[Role.DATA_STEWARD, Role.INSTITUTION_ADMIN]
+    )
+    assert set(Membership.objects.filter(user=user).values_list("role", flat=True)) == {
+        Role.DATA_STEWARD,
+        Role.INSTITUTION_ADMIN,
+    }
+
+
+def test_member_deactivate_ends_sessions():
+    inst, user = InstitutionFactory(), UserFactory()
+    Membership.objects.create(user=user, institution=inst, role=Role.RESEARCHER)
+    client = Client()
+    client.post("/accounts/login/", {"login": user.username, "password": "pw-for-tests-123"})
+    assert client.get("/").status_code == 200
+    assert Session.objects.count() == 1
+
+    services.member_deactivate(by=None, user=user, institution=inst)
+
+    assert Session.objects.count() == 0
+    assert client.get("/").status_code == 302  # signed out
+
+
+def _project_with_pi():
+    project = ProjectFactory()
+    pi = ProjectMemberFactory(project=project, role=ProjectRole.PRINCIPAL_INVESTIGATOR).user
+    return project, pi
+
+
+def test_invitation_accept_by_addressee_joins_project():
+    project, pi = _project_with_pi()
+    guest = UserFactory(email="Guest@Other.example")
+    inv = services.project_invite(by=pi, project=project, email="guest@other.EXAMPLE")
+    services.invitation_accept(by=guest, invitation_id=inv.pk)
+    inv.refresh_from_db()
+    assert inv.status == InvitationStatus.ACCEPTED
+    assert ProjectMember.objects.filter(
+        project=project, user=guest, role=ProjectRole.MEMBER
+    ).exists()
+
+
+def test_invitation_by_non_pi_refused():
+    project, _ = _project_with_pi()
+    member = ProjectMemberFactory(project=project).user
+    with pytest.raises(services.InvitationError):
+        services.project_invite(by=member, project=project, email="x@y.example")
+
+
+def test_invitation_other_user_cannot_accept():
+    project, pi = _project_with_pi()
+    inv = services.project_invite(by=pi, project=project, email="guest@other.example")
+    with pytest.raises(services.InvitationError, match="another e-mail"):
+        services.invitation_accept(by=UserFactory(email="intruder@x.example"), invitation_id=inv.pk)
+
+
+def test_invitation_expired_refused():
+    project, pi = _project_with_pi()
+    guest = UserFactory(email="guest@other.example")
+    inv = services.project_invite(by=pi, project=project, email=guest.email)
+    type(inv).objects.filter(pk=inv.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    with pytest.raises(services.InvitationError, match="expired"):
+        services.invitation_accept(by=guest, invitation_id=inv.pk)
+    assert not ProjectMember.objects.filter(project=project, user=guest).exists()
+
+
+def test_invitation_declined_cannot_be_accepted_later():
+    project, pi = _project_with_pi()
+    guest = UserFactory(email="guest@other.example")
+    inv = services.project_invite(by=pi, project=project, email=guest.email)
+    services.invitation_decline(by=guest, invitation_id=inv.pk)
+    with pytest.raises(services.InvitationError, match="declined"):
+        services.invitation_accept(by=guest, invitation_id=inv.pk)
+
+
+def test_invitation_duplicate_pending_refused():
+    project, pi = _project_with_pi()
+    services.project_invite(by=pi, project=project, email="a@b.example")
+    with pytest.raises(services.InvitationError, match="pending"):
+        services.project_invite(by=pi, project=project, email="A@B.example")
