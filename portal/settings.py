@@ -131,6 +131,9 @@ STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 STATICFILES_DIRS = [BASE_DIR / "portal" / "static"]
 
+# Behind a TLS-terminating proxy (docker-compose's nginx): trust its X-Forwarded-Proto.
+if env.bool("FRP_BEHIND_TLS_PROXY", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SECURE = not DEBUG
 CSRF_COOKIE_SECURE = not DEBUG
@@ -140,12 +143,13 @@ CSRF_COOKIE_SECURE = not DEBUG
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _queue_dir = VAR_DIR / "celery-queue"
-    for _d in (_queue_dir, VAR_DIR / "celery-processed"):
+    for _d in (_queue_dir, VAR_DIR / "celery-processed", VAR_DIR / "celery-control"):
         _d.mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_queue_dir),
         "data_folder_out": str(_queue_dir),
         "processed_folder": str(VAR_DIR / "celery-processed"),
+        "control_folder": str(VAR_DIR / "celery-control"),
         "store_processed": False,
     }
 else:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+pytest_plugins = ["tests.idp.fixtures"]  # the real OIDC and SAML IdPs
+
 
 @pytest.fixture
 def eager_celery(settings):

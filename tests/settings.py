@@ -13,4 +13,7 @@ os.environ.setdefault("FRP_VAR_DIR", tempfile.mkdtemp(prefix="frp-test-var-"))
 
 from portal.settings import *  # noqa: E402,F403
 
+# One test database per pytest process, so concurrent runs (developers, helpers, CI) never collide.
+DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}  # noqa: F405
+
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast hashing in tests only

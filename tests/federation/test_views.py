@@ -1,0 +1,516 @@
+"""Tests of the federation views through the Django test client: job list, form, detail, progress,
+stop and the ServerApp's signed callback endpoint.
+
+The SuperLink boundary is faked (``FakeSuperLink`` from test_services); nothing launches a real run.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import time
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from federation import services
+from federation.models import FederatedJob, JobSite, JobStatus, RoundMetric, SiteRoundMetric
+from federation.signing import sign
+from portal.models import ProjectRole
+from sandbox.models import AccessStatus
+from tests.factories import (
+    DatasetFactory,
+    DatasetVersionFactory,
+    GrantFactory,
+    ProjectFactory,
+    ProjectMemberFactory,
+)
+from tests.federation.test_services import FakeSuperLink
+
+pytestmark = pytest.mark.django_db
+
+LOGIN = "/accounts/login/"
+
+
+def _job(project, by, **fields) -> FederatedJob:
+    defaults = {"title": "a job", "target_column": "label", "num_rounds": 4}
+    defaults.update(fields)
+    return FederatedJob.objects.create(project=project, submitted_by=by, **defaults)
+
+
+def _field_block(page: str, field_id: str) -> str:
+    """The rendered ``portal/_field.html`` block of one field: from its label to the next field."""
+    start = page.index(f'for="{field_id}"')
+    end = page.find('<div class="mb-3">', start)
+    return html.unescape(page[start : end if end != -1 else len(page)])
+
+
+@pytest.fixture
+def fake_superlink(monkeypatch) -> FakeSuperLink:
+    fake = FakeSuperLink()
+    for name in ("run_submit", "run_status", "run_stop"):
+        monkeypatch.setattr(services.superlink, name, getattr(fake, name))
+    return fake
+
+
+@pytest.fixture
+def world():
+    """A project with a PI and two granted dataset versions at two sites (one per site)."""
+    project = ProjectFactory()
+    pi = ProjectMemberFactory(project=project, role=ProjectRole.PRINCIPAL_INVESTIGATOR).user
+    versions = [
+        DatasetVersionFactory(dataset__title="Cohort Alpha"),
+        DatasetVersionFactory(dataset__title="Cohort Beta"),
+    ]
+    for v in versions:
+        GrantFactory(project=project, dataset=v.dataset)
+    return {"project": project, "pi": pi, "versions": versions}
+
+
+@pytest.fixture
+def pi_client(client, world):
+    client.force_login(world["pi"])
+    return client
+
+
+def _form_data(world, **overrides) -> dict:
+    data = {
+        "title": "Tumour classifier",
+        "project": world["project"].pk,
+        "datasets": [v.pk for v in world["versions"]],
+        "target_column": "label",
+        "feature_columns": "",
+        "num_rounds": 3,
+        "local_epochs": 2,
+        "learning_rate": 0.1,
+    }
+    data.update(overrides)
+    return data
+
+
+# ---------------------------------------------------------------------------------------------
+# Login required
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/jobs/", "/jobs/new/", "/jobs/{pk}/"])
+def test_job_pages_anonymous_redirects_to_login(client, world, path):
+    job = _job(world["project"], world["pi"])
+    url = path.format(pk=job.pk)
+
+    response = client.get(url)
+
+    assert response.status_code == 302
+    assert response.url == f"{LOGIN}?next={url}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The submission form
+# ---------------------------------------------------------------------------------------------
+
+
+def test_job_form_lists_datasets_with_valid_grant(pi_client, world):
+    response = pi_client.get("/jobs/new/")
+
+    assert response.status_code == 200
+    page = response.content.decode()
+    for v in world["versions"]:
+        assert f'name="datasets" value="{v.pk}"' in page
+        assert v.dataset.title in page
+
+
+@pytest.mark.parametrize(
+    "grant",
+    [
+        None,  # nobody asked
+        {"status": AccessStatus.PENDING},
+        {"status": AccessStatus.REFUSED},
+        {"status": AccessStatus.REVOKED},
+        {"expired": True},
+        {"other_project": True},
+    ],
+    ids=["no-grant", "pending", "refused", "revoked", "expired", "granted-to-another-project"],
+)
+def test_job_form_hides_dataset_without_valid_grant(pi_client, world, grant):
+    hidden = DatasetVersionFactory(dataset=DatasetFactory(title="Secret Registry"))
+    if grant is not None:
+        kwargs = {"dataset": hidden.dataset, "project": world["project"]}
+        if "status" in grant:
+            kwargs["status"] = grant["status"]
+        if grant.get("expired"):
+            kwargs["expires_at"] = timezone.now() - timedelta(minutes=1)
+        if grant.get("other_project"):
+            kwargs["project"] = ProjectFactory()
+        GrantFactory(**kwargs)
+
+    response = pi_client.get("/jobs/new/")
+
+    page = response.content.decode()
+    assert f'value="{world["versions"][0].pk}"' in page  # the form does list datasets
+    assert f'name="datasets" value="{hidden.pk}"' not in page
+    assert "Secret Registry" not in page
+
+
+def test_job_form_missing_title_shows_error_inline(pi_client, world):
+    response = pi_client.post("/jobs/new/", _form_data(world, title=""))
+
+    assert response.status_code == 200
+    assert "This field is required." in _field_block(response.content.decode(), "id_title")
+    assert FederatedJob.objects.count() == 0
+
+
+def test_job_form_single_dataset_shows_error_inline(pi_client, world):
+    response = pi_client.post("/jobs/new/", _form_data(world, datasets=[world["versions"][0].pk]))
+
+    assert response.status_code == 200
+    block = _field_block(response.content.decode(), "id_datasets_0")
+    assert "at least 2 sites" in block
+    assert FederatedJob.objects.count() == 0
+
+
+def test_job_form_target_missing_in_one_schema_shows_error_inline(pi_client, world):
+    odd = DatasetVersionFactory(
+        dataset__title="Cohort Gamma",
+        schema=[{"name": "x1", "type": "float"}, {"name": "outcome", "type": "str"}],
+    )
+    GrantFactory(project=world["project"], dataset=odd.dataset)
+
+    response = pi_client.post(
+        "/jobs/new/", _form_data(world, datasets=[world["versions"][0].pk, odd.pk])
+    )
+
+    assert response.status_code == 200
+    block = _field_block(response.content.decode(), "id_target_column")
+    assert "invalid-feedback" in block
+    assert "Cohort Gamma" in block and "no column 'label'" in block
+    assert "Cohort Alpha" not in block  # the dataset that has the column is not blamed
+    assert FederatedJob.objects.count() == 0
+
+
+def test_job_form_project_of_others_not_accepted(pi_client, world):
+    other = ProjectFactory()
+
+    response = pi_client.post("/jobs/new/", _form_data(world, project=other.pk))
+
+    assert response.status_code == 200
+    assert "Select a valid choice" in _field_block(response.content.decode(), "id_project")
+    assert FederatedJob.objects.count() == 0
+
+
+def test_job_form_valid_post_creates_job_and_redirects(
+    pi_client, world, fake_superlink, eager_celery, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        response = pi_client.post("/jobs/new/", _form_data(world))
+
+    job = FederatedJob.objects.get()
+    assert response.status_code == 302
+    assert response.url == f"/jobs/{job.pk}/"
+    assert job.title == "Tumour classifier"
+    assert job.submitted_by == world["pi"] and job.project == world["project"]
+    assert (job.num_rounds, job.local_epochs, job.learning_rate) == (3, 2, 0.1)
+    assert {js.dataset_version_id for js in job.sites.all()} == {v.pk for v in world["versions"]}
+    assert len(callbacks) == 1  # the launch, queued after commit
+    assert [c["job-id"] for c in fake_superlink.submitted] == [job.pk]
+
+
+# ---------------------------------------------------------------------------------------------
+# Detail and list scoping
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path", ["/jobs/{pk}/", "/jobs/{pk}/progress/", "/jobs/{pk}/progress.json"]
+)
+def test_job_pages_of_another_project_are_404(pi_client, path):
+    outsider = ProjectMemberFactory()
+    job = _job(outsider.project, outsider.user)
+
+    response = pi_client.get(path.format(pk=job.pk))
+
+    assert response.status_code == 404
+
+
+def test_job_stop_of_another_project_is_404_and_job_untouched(pi_client):
+    outsider = ProjectMemberFactory()
+    job = _job(outsider.project, outsider.user)
+
+    response = pi_client.post(f"/jobs/{job.pk}/stop/")
+
+    assert response.status_code == 404
+    job.refresh_from_db()
+    assert job.status == JobStatus.QUEUED
+
+
+def test_job_detail_own_project_renders(pi_client, world):
+    job = _job(world["project"], world["pi"], title="Visible job")
+
+    response = pi_client.get(f"/jobs/{job.pk}/")
+
+    assert response.status_code == 200
+    assert "Visible job" in response.content.decode()
+
+
+def test_job_list_hides_other_projects_jobs(pi_client, world):
+    _job(world["project"], world["pi"], title="Our own job")
+    outsider = ProjectMemberFactory()
+    _job(outsider.project, outsider.user, title="Their private job")
+
+    response = pi_client.get("/jobs/")
+
+    page = response.content.decode()
+    assert "Our own job" in page
+    assert "Their private job" not in page
+
+
+def test_job_list_paginates_at_20(pi_client, world):
+    for i in range(21):
+        _job(world["project"], world["pi"], title=f"Job T{i:02d}")
+
+    first = pi_client.get("/jobs/").content.decode()
+    second = pi_client.get("/jobs/?page=2").content.decode()
+
+    titles_first = re.findall(r">Job T(\d\d)<", first)
+    titles_second = re.findall(r">Job T(\d\d)<", second)
+    assert len(titles_first) == 20
+    assert titles_second == ["00"]  # newest first: the oldest job is alone on page 2
+    assert "Page 1 of 2" in first and "21 jobs" in first
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def job_with_rounds(world):
+    job = _job(world["project"], world["pi"], status=JobStatus.RUNNING, num_rounds=4)
+    RoundMetric.objects.create(
+        job=job, round=1, train_loss=0.8, eval_loss=0.7, eval_accuracy=0.625, num_examples=80
+    )
+    RoundMetric.objects.create(
+        job=job, round=2, train_loss=0.55, eval_loss=0.5, eval_accuracy=0.75, num_examples=80
+    )
+    v = world["versions"][0]
+    js = JobSite.objects.create(
+        job=job, site=v.dataset.site, dataset_version=v, status="training", rounds_completed=2
+    )
+    SiteRoundMetric.objects.create(
+        job_site=js, round=2, train_examples=40, eval_examples=10, eval_accuracy=0.9
+    )
+    return job
+
+
+def test_job_progress_json_returns_round_metrics(pi_client, world, job_with_rounds):
+    response = pi_client.get(f"/jobs/{job_with_rounds.pk}/progress.json")
+
+    assert response.status_code == 200
+    data = response.json()
+    assert data["id"] == job_with_rounds.pk
+    assert data["status"] == "running" and data["terminal"] is False
+    assert data["rounds_done"] == 2 and data["num_rounds"] == 4
+    assert data["chart"] == {
+        "round": [1, 2],
+        "eval_accuracy": [0.625, 0.75],
+        "eval_loss": [0.7, 0.5],
+        "train_loss": [0.8, 0.55],
+    }
+    site = world["versions"][0].dataset.site
+    assert data["sites"] == [
+        {
+            "site": site.slug,
+            "institution": site.institution.name,
+            "status": "training",
+            "rounds_completed": 2,
+            "train_examples": 40,
+            "eval_examples": 10,
+            "eval_accuracy": 0.9,
+            "error": "",
+        }
+    ]
+
+
+def test_job_progress_partial_shows_latest_round(pi_client, job_with_rounds):
+    response = pi_client.get(f"/jobs/{job_with_rounds.pk}/progress/")
+
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert 'data-rounds="2"' in page
+    assert "<html" not in page  # a partial, not a whole page
+    assert 'aria-valuenow="50"' in page  # 2 of 4 rounds
+    assert "0.750" in page  # last round's accuracy, 3 decimals
+    assert "0.5000" in page  # last round's eval loss, 4 decimals
+    assert 'hx-trigger="every 2s"' in page  # still polling while running
+
+
+# ---------------------------------------------------------------------------------------------
+# Stop
+# ---------------------------------------------------------------------------------------------
+
+
+def test_job_stop_without_csrf_token_is_403(world):
+    job = _job(world["project"], world["pi"])
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(world["pi"])
+
+    response = client.post(f"/jobs/{job.pk}/stop/")
+
+    assert response.status_code == 403
+    job.refresh_from_db()
+    assert job.status == JobStatus.QUEUED
+
+
+def test_job_stop_with_csrf_token_stops_queued_job(world):
+    job = _job(world["project"], world["pi"])
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(world["pi"])
+    client.get(f"/jobs/{job.pk}/")  # sets the CSRF cookie
+    token = client.cookies["csrftoken"].value
+
+    response = client.post(f"/jobs/{job.pk}/stop/", {"csrfmiddlewaretoken": token})
+
+    assert response.status_code == 302
+    job.refresh_from_db()
+    assert job.status == JobStatus.STOPPED
+
+
+# ---------------------------------------------------------------------------------------------
+# ServerApp callback
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def running_job(world):
+    job = _job(world["project"], world["pi"], status=JobStatus.RUNNING, flower_run_id="7")
+    for v in world["versions"]:
+        JobSite.objects.create(job=job, site=v.dataset.site, dataset_version=v)
+    return job
+
+
+@pytest.fixture
+def anon():
+    """An anonymous client that enforces CSRF, as the ServerApp is."""
+    return Client(enforce_csrf_checks=True)
+
+
+def _round_body(job: FederatedJob, rnd: int = 1) -> bytes:
+    sites = {
+        js.site.slug: {"ok": True, "train_examples": 40, "eval_examples": 10}
+        for js in job.sites.select_related("site")
+    }
+    payload = {
+        "event": "round",
+        "round": rnd,
+        "train_loss": 0.61,
+        "eval_loss": 0.52,
+        "eval_accuracy": 0.875,
+        "train_examples": 80,
+        "wall_seconds": 3.5,
+        "sites": sites,
+    }
+    return json.dumps(payload).encode()
+
+
+def _post(client, job, body: bytes, headers: dict | None = None):
+    return client.post(
+        f"/jobs/callback/{job.pk}/",
+        data=body,
+        content_type="application/json",
+        headers=headers or {},
+    )
+
+
+def test_callback_unsigned_is_403(anon, running_job):
+    response = _post(anon, running_job, _round_body(running_job))
+
+    assert response.status_code == 403
+    assert not RoundMetric.objects.exists()
+
+
+def test_callback_wrong_signature_is_403(anon, running_job):
+    body = _round_body(running_job)
+    headers = sign("not-the-job-token", body)
+
+    response = _post(anon, running_job, body, headers)
+
+    assert response.status_code == 403
+    assert not RoundMetric.objects.exists()
+
+
+def test_callback_signature_of_other_body_is_403(anon, running_job):
+    headers = sign(running_job.callback_token, _round_body(running_job, rnd=1))
+
+    response = _post(anon, running_job, _round_body(running_job, rnd=2), headers)
+
+    assert response.status_code == 403
+    assert not RoundMetric.objects.exists()
+
+
+@pytest.mark.parametrize("skew", [-301, 301, -3600])
+def test_callback_stale_timestamp_is_403(anon, running_job, skew):
+    body = _round_body(running_job)
+    headers = sign(running_job.callback_token, body, timestamp=int(time.time()) + skew)
+
+    response = _post(anon, running_job, body, headers)
+
+    assert response.status_code == 403
+    assert not RoundMetric.objects.exists()
+
+
+def test_callback_valid_signature_records_round_without_login_or_csrf(anon, running_job):
+    body = _round_body(running_job)
+    headers = sign(running_job.callback_token, body)
+
+    response = _post(anon, running_job, body, headers)
+
+    assert response.status_code == 200
+    assert response.json() == {"ok": True, "drop_sites": []}
+    metric = RoundMetric.objects.get(job=running_job)
+    assert metric.round == 1
+    assert (metric.train_loss, metric.eval_loss, metric.eval_accuracy) == (0.61, 0.52, 0.875)
+    assert metric.num_examples == 80 and metric.sites_replied == 2
+    assert metric.wall_seconds == 3.5
+
+
+def test_callback_valid_signature_for_completed_job_is_409(anon, running_job):
+    FederatedJob.objects.filter(pk=running_job.pk).update(status=JobStatus.COMPLETED)
+    body = _round_body(running_job)
+    headers = sign(running_job.callback_token, body)
+
+    response = _post(anon, running_job, body, headers)
+
+    assert response.status_code == 409
+    assert not RoundMetric.objects.exists()
+
+
+def test_callback_malformed_json_with_valid_signature_is_400(anon, running_job):
+    body = b'{"event": "round", "round": '
+    headers = sign(running_job.callback_token, body)
+
+    response = _post(anon, running_job, body, headers)
+
+    assert response.status_code == 400
+    assert not RoundMetric.objects.exists()
+
+
+def test_callback_unknown_job_is_404(anon, running_job):
+    body = _round_body(running_job)
+    headers = sign(running_job.callback_token, body)
+
+    response = anon.post(
+        f"/jobs/callback/{running_job.pk + 1000}/",
+        data=body,
+        content_type="application/json",
+        headers=headers,
+    )
+
+    assert response.status_code == 404
+
+
+def test_callback_get_not_allowed(anon, running_job):
+    response = anon.get(f"/jobs/callback/{running_job.pk}/")
+
+    assert response.status_code == 405

@@ -1,0 +1,113 @@
+"""Process handling shared by the IdP fixtures: free ports, readiness polling, clean shutdown."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+IDP_DIR = Path(__file__).resolve().parent
+
+_live: set[subprocess.Popen] = set()
+
+
+class IdPStartError(RuntimeError):
+    """An identity provider did not come up; the message ends with the tail of its log."""
+
+
+def free_port(host: str) -> int:
+    """A TCP port that is free on ``host`` right now (the kernel's choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def spawn(cmd: list[str], *, log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``cmd`` in its own process group with stdout+stderr appended to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            cwd=IDP_DIR,
+            start_new_session=True,
+        )
+    _live.add(proc)
+    return proc
+
+
+def terminate(proc: subprocess.Popen, timeout: float = 5.0) -> None:
+    """SIGTERM the process group, then SIGKILL it if it has not gone within ``timeout`` seconds."""
+    _live.discard(proc)
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        proc.wait(timeout=timeout)
+
+
+def wait_until_ready(
+    url: str, *, proc: subprocess.Popen, log_path: Path, timeout: float, what: str
+) -> None:
+    """Poll ``url`` until it answers 200; fail early with the log if the process exits."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: no proxy
+    deadline = time.monotonic() + timeout
+    last_error: object = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise IdPStartError(
+                f"{what} exited with code {proc.returncode} before it was ready "
+                f"({url}).\n--- {log_path} ---\n{log_tail(log_path)}"
+            )
+        try:
+            with opener.open(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+                last_error = f"HTTP {resp.status}"
+        except (urllib.error.URLError, OSError) as exc:
+            last_error = exc
+        time.sleep(0.05)
+    terminate(proc)
+    raise IdPStartError(
+        f"{what} not ready at {url} after {timeout:.0f} s (last error: {last_error}).\n"
+        f"--- {log_path} ---\n{log_tail(log_path)}"
+    )
+
+
+def write_json_atomic(path: Path, data: object) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+@atexit.register
+def _stop_leftovers() -> None:  # a crashed test run must not leave servers behind
+    for proc in list(_live):
+        terminate(proc, timeout=2)
