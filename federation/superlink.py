@@ -15,6 +15,7 @@ raise ``SuperLinkError`` with the CLI's message. Nothing outside this module see
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import subprocess
 import sys
@@ -88,8 +89,10 @@ def _call(conn: Connection, args: list[str]) -> dict:
 def _toml_value(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real):
+        return repr(float(value))
     return json.dumps(str(value))  # a JSON string is a valid TOML basic string
 
 

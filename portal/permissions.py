@@ -22,6 +22,21 @@ def _has_role(user, institution, role: str) -> bool:
     return Membership.objects.filter(user=user, institution=institution, role=role).exists()
 
 
+ACTIONS = frozenset(
+    {
+        "project.create",
+        "project.view",
+        "project.invite",
+        "job.submit",
+        "job.view",
+        "job.stop",
+        "institution.admin",
+        "dataset.register",
+        "access.decide",
+    }
+)
+
+
 def can(user, action: str, obj=None) -> bool:
     """True when ``user`` may do ``action`` on ``obj``.
 
@@ -31,6 +46,8 @@ def can(user, action: str, obj=None) -> bool:
     ``dataset.register`` (obj: Site), ``access.decide`` (obj: Dataset).
     Unknown actions raise ``ValueError`` so a typo cannot silently allow or deny.
     """
+    if action not in ACTIONS:
+        raise ValueError(f"unknown action {action!r}")
     if user is None or not user.is_authenticated or not user.is_active:
         return False
     if action in {"project.view", "job.submit"}:
@@ -43,6 +60,8 @@ def can(user, action: str, obj=None) -> bool:
         return _project_role(user, obj.project) is not None
     if action == "job.stop":
         role = _project_role(user, obj.project)
+        if role is None:  # a submitter who has left the project no longer stops its jobs
+            return False
         return obj.submitted_by_id == user.pk or role == ProjectRole.PRINCIPAL_INVESTIGATOR
     if action == "institution.admin":
         return user.is_staff or _has_role(user, obj, Role.INSTITUTION_ADMIN)
@@ -50,4 +69,4 @@ def can(user, action: str, obj=None) -> bool:
         return _has_role(user, obj.institution, Role.DATA_STEWARD)
     if action == "access.decide":
         return _has_role(user, obj.site.institution, Role.DATA_STEWARD)
-    raise ValueError(f"unknown action {action!r}")
+    raise AssertionError(f"action {action!r} is listed in ACTIONS but not handled")

@@ -64,6 +64,17 @@ def test_combine_sums_constant_feature_gets_unit_std():
     np.testing.assert_allclose(std, [math.sqrt(8 / 3), 1.0])
 
 
+def test_combine_sums_large_offset_keeps_precision():
+    rng = np.random.default_rng(3)
+    sites = [1e8 + rng.normal(size=(n, 2)) for n in (40, 60)]
+
+    mean, std = task.combine_sums([task.feature_sums(X) for X in sites])
+
+    pooled = np.concatenate(sites)
+    np.testing.assert_allclose(std, pooled.std(axis=0), rtol=1e-6)
+    np.testing.assert_allclose(mean, pooled.mean(axis=0), rtol=1e-12)
+
+
 def test_combine_sums_no_examples_raises():
     empty = np.zeros((0, 2))
 

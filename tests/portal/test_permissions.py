@@ -228,11 +228,6 @@ def test_can_unknown_action_raises_for_user_without_memberships():
         can(UserFactory(), "projet.view", ProjectFactory())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="portal/permissions.py: can() returns False for anonymous/inactive users before it "
-    "checks the action, so a typo in an action name is silently denied for them",
-)
 def test_can_unknown_action_raises_for_anonymous(team):
     with pytest.raises(ValueError, match="unknown action"):
         can(AnonymousUser(), "job.delete", team["job"])

@@ -3,7 +3,7 @@
 Three handlers (Flower Message API):
 
 - ``query``  — identify the site (``node_config["site"]``); if the site is part of the job, also return
-  its training split's sufficient statistics (count, Σx, Σx²) and its label set.
+  its training split's statistics for standardisation (count, mean, M2) and its label set.
 - ``train``  — standardise with the federated mean/std, run local SGD, reply with the new weights and
   metered usage (examples, loss, CPU seconds, wall seconds).
 - ``evaluate`` — loss and accuracy of the global model on the site's held-out split.
@@ -70,18 +70,18 @@ def _guard(handler):
 @app.query()
 @_guard
 def query(msg: Message, context: Context) -> Message:
-    """Identify this site; when it takes part, return n, Σx, Σx² and its label set."""
+    """Identify this site; when it takes part, return n, mean, M2 and its label set."""
     site = str(context.node_config.get("site", ""))
     spec = JobSpec.from_json(str(context.run_config["job-spec"]))
     info = ConfigRecord({"site": site, "member": site in spec.sites})
     content = RecordDict({"info": info})
     if site in spec.sites:
         _, data = _site_data(context)
-        n, s, ss = feature_sums(data.X_train)
+        n, mean, m2 = feature_sums(data.X_train)
         info["features"] = data.features
         info["labels"] = label_keys(np.concatenate([data.y_train_raw, data.y_test_raw]))
         content["stats"] = MetricRecord(
-            {"num-examples": n, "sum": s.tolist(), "sumsq": ss.tolist()}
+            {"num-examples": n, "mean": mean.tolist(), "m2": m2.tolist()}
         )
     return Message(content=content, reply_to=msg)
 

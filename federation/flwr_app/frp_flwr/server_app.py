@@ -206,7 +206,7 @@ def run_job(grid: Grid, context: Context, reporter: Reporter) -> None:
     # Federated standardisation and the global class list.
     stats = [site_reply[s].content["stats"] for s in active]
     mean, std = combine_sums(
-        [(int(m["num-examples"]), np.asarray(m["sum"]), np.asarray(m["sumsq"])) for m in stats]
+        [(int(m["num-examples"]), np.asarray(m["mean"]), np.asarray(m["m2"])) for m in stats]
     )
     classes = sort_classes({c for s in active for c in site_reply[s].content["info"]["labels"]})
     if len(classes) < 2:

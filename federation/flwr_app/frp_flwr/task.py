@@ -2,7 +2,8 @@
 
 The model is softmax regression (Bishop, *Pattern Recognition and Machine Learning*, §4.3.4) trained by
 mini-batch SGD on standardised features. Standardisation uses *federated* statistics (every site's
-per-feature count, sum and sum of squares, combined by the ServerApp), so no site's raw values leave it.
+per-feature count, mean and sum of squared deviations, combined by the ServerApp), so no site's raw
+values leave it.
 
 Data loading goes through the site's own sandbox (``sandbox.loader``): the ClientApp decrypts its dataset
 in memory with the site's key; nothing here sees another site's data. Imports are light on purpose:
@@ -128,11 +129,12 @@ class SiteDataError(Exception):
     """A site cannot take part; the message is safe to send to the server (no paths, no values)."""
 
 
-_PATH_RE = re.compile(r"(?:[A-Za-z]:)?(?:/[\w.\-@+]+){2,}/?")
+_PATH_RE = re.compile(r"[^\s'\"():,]*[/\\][^\s'\"():,]*")
 
 
 def sanitise(text: str, limit: int = 300) -> str:
-    """Strip file-system paths from an error message and bound its length (characters)."""
+    """Replace every path-like token (anything containing ``/`` or ``\\``) with ``<path>``, then
+    bound the length (characters): errors crossing the site boundary name no site file or host."""
     return _PATH_RE.sub("<path>", text)[:limit]
 
 
@@ -183,20 +185,41 @@ def sort_classes(keys: set[str]) -> list[str]:
 
 
 def feature_sums(X: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
-    """Sufficient statistics for federated standardisation: ``(n, Σx (d,), Σx² (d,))``."""
-    return int(X.shape[0]), X.sum(axis=0), np.square(X).sum(axis=0)
+    """A site's statistics for federated standardisation: ``(n, mean (d,), M2 (d,))``.
+
+    ``M2`` is the sum of squared deviations from the site's own mean, so no cancellation happens
+    when features have a large offset (Σx² − n·mean² would lose all precision at mean 1e8).
+    """
+    n = int(X.shape[0])
+    if n == 0:
+        return 0, np.zeros(X.shape[1]), np.zeros(X.shape[1])
+    mean = X.mean(axis=0)
+    return n, mean, np.square(X - mean).sum(axis=0)
 
 
 def combine_sums(parts: list[tuple[int, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """Global mean and standard deviation (population) from per-site sums; std 0 → 1."""
-    n = sum(p[0] for p in parts)
+    """Global mean and population standard deviation from per-site ``(n, mean, M2)``; std 0 → 1.
+
+    Pairwise combination of Chan, Golub & LeVeque (1979), "Updating formulae and a pairwise algorithm
+    for computing sample variances": M2 = M2_a + M2_b + δ²·n_a·n_b / n, δ = mean_b − mean_a.
+    Raises ``ValueError`` when no site has an example.
+    """
+    n, mean, m2 = 0, None, None
+    for n_b, mean_b, m2_b in parts:
+        if n_b == 0:
+            continue
+        mean_b, m2_b = np.asarray(mean_b, dtype=np.float64), np.asarray(m2_b, dtype=np.float64)
+        if n == 0:
+            n, mean, m2 = n_b, mean_b, m2_b
+            continue
+        total = n + n_b
+        delta = mean_b - mean
+        mean = mean + delta * (n_b / total)
+        m2 = m2 + m2_b + np.square(delta) * (n * n_b / total)
+        n = total
     if n == 0:
         raise ValueError("no training examples at any site")
-    s = sum(p[1] for p in parts)
-    ss = sum(p[2] for p in parts)
-    mean = s / n
-    var = np.maximum(ss / n - np.square(mean), 0.0)
-    std = np.sqrt(var)
+    std = np.sqrt(m2 / n)
     std[std == 0] = 1.0
     return mean, std
 
