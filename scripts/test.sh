@@ -5,8 +5,9 @@
 #                              a real Flower SuperLink/SuperNodes and an S3 server)
 #   scripts/test.sh -m "not integration"   pass extra arguments to pytest
 #
-# Needs PostgreSQL on 127.0.0.1:5432 (trust auth) and Redis on 127.0.0.1:6379; .ci/run starts them
-# on a machine where they are not running. Override with DATABASE_URL / CELERY_BROKER_URL.
+# Needs PostgreSQL on 127.0.0.1:5432 (trust auth) and Redis on 127.0.0.1:6379, Debian's chromium,
+# simplesamlphp and php-cli; .ci/run installs and starts those on a machine that lacks them.
+# Override the services with DATABASE_URL / CELERY_BROKER_URL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,11 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -m pip install --quiet -e '.[test]' 2>&1 | grep -v "^WARNING: Location" || true
+
+if [ ! -d tests/idp/node_modules ]; then
+  echo "==> npm packages for the test OIDC providers"
+  npm ci --prefix tests/idp --no-audit --no-fund --loglevel=error
+fi
 
 echo "==> ruff"
 .venv/bin/ruff format --check .
