@@ -83,9 +83,11 @@ class ProjectCreateForm(forms.Form):
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
-        from portal.selectors import user_institutions
+        from portal.models import Institution
 
-        self.fields["institution"].queryset = user_institutions(user=user)
+        self.fields["institution"].queryset = Institution.objects.filter(
+            memberships__user=user, memberships__role=Role.RESEARCHER
+        ).distinct()
 
 
 class InviteForm(forms.Form):

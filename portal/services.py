@@ -245,9 +245,23 @@ def user_sessions_end(*, user) -> int:
     return len(sessions)
 
 
+class MemberError(Exception):
+    """A member change is not allowed; the message says why."""
+
+
 @transaction.atomic
 def member_deactivate(*, by, user, institution: Institution):
-    """Deactivate ``user`` (a member of ``institution``) and end all of their sessions."""
+    """Deactivate ``user`` (a member of ``institution``) and end all of their sessions.
+
+    A user who also holds roles at another institution can only be deactivated by a platform
+    admin; an institution admin removes their roles here instead. Raises ``MemberError``.
+    """
+    elsewhere = Membership.objects.filter(user=user).exclude(institution=institution).exists()
+    if elsewhere and not getattr(by, "is_staff", False):
+        raise MemberError(
+            "this person also belongs to another institution; remove their roles here instead, "
+            "or ask a platform admin"
+        )
     user.is_active = False
     user.save(update_fields=["is_active"])
     ended = user_sessions_end(user=user)
@@ -399,7 +413,15 @@ def project_member_role_set(*, by, project: Project, user, role: str) -> Project
 
     if not can(by, "project.invite", project):
         raise InvitationError("only the project's principal investigator may assign roles")
-    member = ProjectMember.objects.get(project=project, user=user)
+    member = ProjectMember.objects.select_for_update().get(project=project, user=user)
+    if (
+        member.role == ProjectRole.PRINCIPAL_INVESTIGATOR
+        and role != ProjectRole.PRINCIPAL_INVESTIGATOR
+        and not project.memberships.filter(role=ProjectRole.PRINCIPAL_INVESTIGATOR)
+        .exclude(pk=member.pk)
+        .exists()
+    ):
+        raise InvitationError("a project needs a principal investigator; appoint another one first")
     if member.role != role:
         member.role = role
         member.save(update_fields=["role"])

@@ -70,8 +70,12 @@ def member_deactivate(request, slug: str, user_id: int):
     if user == request.user:
         messages.error(request, "You cannot deactivate yourself.")
     else:
-        services.member_deactivate(by=request.user, user=user, institution=institution)
-        messages.success(request, f"{user.username} deactivated; their sessions were ended.")
+        try:
+            services.member_deactivate(by=request.user, user=user, institution=institution)
+        except services.MemberError as exc:
+            messages.error(request, str(exc))
+        else:
+            messages.success(request, f"{user.username} deactivated; their sessions were ended.")
     return redirect("portal:institution_members", slug=slug)
 
 

@@ -37,13 +37,31 @@ def log_tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+# Runs "$@" in the background and watches its own stdin, a pipe only this Python process writes
+# to: EOF means pytest has gone (even by SIGKILL), and the whole process group is terminated, so no
+# IdP outlives the test run. When the server exits by itself, the group is cleaned up the same way
+# and the shell exits with the server's status (so Popen.poll() notices a crash).
+_WATCHDOG = """
+exec 3<&0
+"$@" 3<&- </dev/null & server=$!
+{ cat <&3 >/dev/null; kill -TERM 0; } &
+exec 3<&-
+wait "$server"; status=$?
+trap 'exit $status' TERM
+kill -TERM 0
+"""
+
+
 def spawn(cmd: list[str], *, log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """Start ``cmd`` in its own process group with stdout+stderr appended to ``log_path``."""
+    """Start ``cmd`` in its own session/process group with stdout+stderr appended to ``log_path``.
+
+    The process group ends when ``terminate()`` is called or when this Python process exits.
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
+            ["/bin/sh", "-c", _WATCHDOG, "idp-watchdog", *cmd],
+            stdin=subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
@@ -57,6 +75,8 @@ def spawn(cmd: list[str], *, log_path: Path, env: dict[str, str] | None = None) 
 def terminate(proc: subprocess.Popen, timeout: float = 5.0) -> None:
     """SIGTERM the process group, then SIGKILL it if it has not gone within ``timeout`` seconds."""
     _live.discard(proc)
+    if proc.stdin and not proc.stdin.closed:
+        proc.stdin.close()  # the watchdog then stops the group by itself; make sure below
     if proc.poll() is not None:
         return
     try:

@@ -288,10 +288,12 @@ def _project_endpoints(p: str) -> list[Endpoint]:
     members, pi = PROJECT_MEMBERS[p], PROJECT_PI[p]
     others = members - {pi}
     detail = _project_url(p)
-    # PI of A promotes B's researcher; B's researcher (alone in B) sets themselves to member.
+    # PI of A promotes B's researcher. B's researcher, B's only PI, tries to step down to member:
+    # refused for everyone, since a project must keep a principal investigator.
     target, role = (
         ("researcher@B", ProjectRole.PRINCIPAL_INVESTIGATOR) if p == "A" else (pi, "member")
     )
+    role_setters = {pi} if p == "A" else set()
     return [
         _get(f"/projects/<{p}-project>/", detail, members),
         _post(
@@ -308,9 +310,9 @@ def _project_endpoints(p: str) -> list[Endpoint]:
         _post(
             f"/projects/<{p}-project>/members/<{target}>/role/",
             lambda w: f"/projects/{w.projects[p].slug}/members/{w.user(target).pk}/role/",
-            {pi},
+            role_setters,
             allowed=redirect(_to(detail), changes=True),
-            refused_actors=others,
+            refused_actors=members - role_setters,
             refused=redirect(_to(detail), changes=False),
             data=lambda w, a: {"role": role},
             effect=_project_role(p, target),
@@ -492,7 +494,8 @@ def _param(endpoint: Endpoint, actor: str):
 
 CASES = [_param(e, a) for e in ENDPOINTS for a in ACTORS]
 CSRF_CASES = [
-    _param(e, sorted(e.allowed_actors)[0])
+    # an actor who reaches the view (allowed, or refused by the view itself rather than a 404)
+    _param(e, sorted(e.allowed_actors or e.refused_actors)[0])
     for e in ENDPOINTS
     if e.method == "POST" and e.csrf_protected
 ]

@@ -201,3 +201,29 @@ def test_invitation_duplicate_pending_refused():
     services.project_invite(by=pi, project=project, email="a@b.example")
     with pytest.raises(services.InvitationError, match="pending"):
         services.project_invite(by=pi, project=project, email="A@B.example")
+
+
+def test_last_pi_cannot_step_down():
+    project, pi = _project_with_pi()
+    with pytest.raises(services.InvitationError, match="principal investigator"):
+        services.project_member_role_set(by=pi, project=project, user=pi, role=ProjectRole.MEMBER)
+    other = ProjectMemberFactory(project=project).user
+    services.project_member_role_set(
+        by=pi, project=project, user=other, role=ProjectRole.PRINCIPAL_INVESTIGATOR
+    )
+    services.project_member_role_set(by=pi, project=project, user=pi, role=ProjectRole.MEMBER)
+    assert ProjectMember.objects.get(project=project, user=pi).role == ProjectRole.MEMBER
+
+
+def test_institution_admin_cannot_deactivate_member_of_another_institution():
+    a, b, user = InstitutionFactory(), InstitutionFactory(), UserFactory()
+    Membership.objects.create(user=user, institution=a, role=Role.RESEARCHER)
+    Membership.objects.create(user=user, institution=b, role=Role.RESEARCHER)
+    admin = UserFactory()
+    with pytest.raises(services.MemberError):
+        services.member_deactivate(by=admin, user=user, institution=a)
+    user.refresh_from_db()
+    assert user.is_active
+    services.member_deactivate(by=UserFactory(is_staff=True), user=user, institution=a)
+    user.refresh_from_db()
+    assert not user.is_active
