@@ -20,3 +20,18 @@ def eager_celery(settings):
     app.conf.task_eager_propagates = True
     yield
     app.conf.task_always_eager = False
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _end_stray_database_sessions(django_db_setup, django_db_blocker):
+    """Before the test database is dropped, end sessions other threads left open (live server)."""
+    yield
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
