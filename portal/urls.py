@@ -10,5 +10,6 @@ urlpatterns = [
     path("accounts/login/", sso.login, name="account_login"),  # allauth's, with SSO choices
     path("accounts/", include("allauth.urls")),
     path("jobs/", include("federation.urls")),
+    path("", include("sandbox.urls")),
     path("", include("portal.app_urls")),
 ]

@@ -35,3 +35,32 @@ def usable_versions(*, projects, at=None):
 def has_valid_grant(*, project, dataset, at=None) -> bool:
     """True when ``project`` may use ``dataset`` now."""
     return valid_grants(project=project, at=at).filter(dataset=dataset).exists()
+
+
+def dataset_catalogue(*, q: str = ""):
+    """Every registered dataset with its site, institution and latest version (metadata only)."""
+    from sandbox.models import Dataset
+
+    datasets = Dataset.objects.select_related("site__institution").prefetch_related("versions")
+    if q:
+        datasets = datasets.filter(
+            Q(title__icontains=q)
+            | Q(description__icontains=q)
+            | Q(site__institution__name__icontains=q)
+        )
+    return datasets.order_by("site__institution__name", "title")
+
+
+def steward_requests(*, user, status: str | None = None):
+    """Access requests for datasets of institutions where ``user`` is a data steward."""
+    from portal.models import Role
+
+    qs = AccessRequest.objects.filter(
+        dataset__site__institution__memberships__user=user,
+        dataset__site__institution__memberships__role=Role.DATA_STEWARD,
+    ).select_related(
+        "dataset__site__institution", "project__institution", "requested_by", "decided_by"
+    )
+    if status:
+        qs = qs.filter(status=status)
+    return qs.distinct().order_by("-created_at")

@@ -90,3 +90,86 @@ def access_request_approve(
         expires_at=expires_at.isoformat() if expires_at else None,
     )
     return request
+
+
+def _check_steward(by, request: AccessRequest) -> None:
+    from portal.permissions import can
+
+    if not can(by, "access.decide", request.dataset):
+        raise AccessError("only a data steward of the dataset's institution decides")
+
+
+class AccessError(Exception):
+    """An access request cannot be made or decided; the message says why."""
+
+
+@transaction.atomic
+def access_request_submit(*, by, dataset: Dataset, project, purpose: str) -> AccessRequest:
+    """A project member asks for ``dataset`` with a stated ``purpose`` (checked, then recorded)."""
+    from portal.permissions import can
+
+    if not can(by, "project.view", project):
+        raise AccessError("you are not a member of this project")
+    if not purpose.strip():
+        raise AccessError("state the purpose of the request")
+    if AccessRequest.objects.filter(
+        dataset=dataset, project=project, status=AccessStatus.PENDING
+    ).exists():
+        raise AccessError("this project already has a pending request for this dataset")
+    return access_request_create(by=by, dataset=dataset, project=project, purpose=purpose.strip())
+
+
+@transaction.atomic
+def access_request_decide(
+    *, by, request_id: int, approve: bool, expires_at: datetime | None = None, reason: str = ""
+) -> AccessRequest:
+    """The steward approves until ``expires_at`` (required, in the future) or refuses with a reason."""
+    request = (
+        AccessRequest.objects.select_for_update().select_related("dataset__site").get(pk=request_id)
+    )
+    _check_steward(by, request)
+    if approve:
+        if expires_at is None or expires_at <= timezone.now():
+            raise AccessError("an approval needs an expiry date in the future")
+        return access_request_approve(by=by, request=request, expires_at=expires_at, reason=reason)
+    if request.status != AccessStatus.PENDING:
+        raise AccessError(f"request is {request.status}, not pending")
+    if not reason.strip():
+        raise AccessError("give the researcher a reason for the refusal")
+    request.status = AccessStatus.REFUSED
+    request.decided_by = by
+    request.decided_at = timezone.now()
+    request.decision_reason = reason.strip()
+    request.save()
+    audit_record(
+        by=by,
+        action="access.refuse",
+        target=request,
+        institution=request.dataset.site.institution,
+        reason=request.decision_reason,
+    )
+    return request
+
+
+@transaction.atomic
+def access_grant_revoke(*, by, request_id: int, reason: str) -> AccessRequest:
+    """Revoke an approved grant: future jobs cannot use it and running jobs drop the site next round."""
+    request = (
+        AccessRequest.objects.select_for_update().select_related("dataset__site").get(pk=request_id)
+    )
+    _check_steward(by, request)
+    if request.status != AccessStatus.APPROVED:
+        raise AccessError(f"request is {request.status}, not approved")
+    request.status = AccessStatus.REVOKED
+    request.decision_reason = reason.strip() or "revoked by the data steward"
+    request.decided_by = by
+    request.decided_at = timezone.now()
+    request.save()
+    audit_record(
+        by=by,
+        action="access.revoke",
+        target=request,
+        institution=request.dataset.site.institution,
+        reason=request.decision_reason,
+    )
+    return request

@@ -1,0 +1,14 @@
+"""URLs of the sandbox: dataset catalogue, access requests, the steward's queue."""
+
+from django.urls import path
+
+from sandbox import views
+
+app_name = "sandbox"
+urlpatterns = [
+    path("datasets/", views.dataset_list, name="dataset_list"),
+    path("datasets/<int:pk>/", views.dataset_detail, name="dataset_detail"),
+    path("access-requests/", views.steward_queue, name="steward_queue"),
+    path("access-requests/<int:pk>/decide/", views.request_decide, name="request_decide"),
+    path("access-requests/<int:pk>/revoke/", views.grant_revoke, name="grant_revoke"),
+]

@@ -1,0 +1,123 @@
+"""Views of the sandbox: dataset catalogue with profiles, access requests, the steward's queue."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import Http404
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from portal.models import Role
+from portal.permissions import can
+from sandbox import selectors, services
+from sandbox.forms import AccessRequestForm, DecisionForm
+from sandbox.models import AccessRequest, AccessStatus, Dataset
+
+
+@login_required
+def dataset_list(request):
+    """The catalogue: every institution's datasets, metadata only, 25 per page."""
+    q = request.GET.get("q", "").strip()
+    page = Paginator(selectors.dataset_catalogue(q=q), 25).get_page(request.GET.get("page"))
+    return render(request, "sandbox/dataset_list.html", {"page_obj": page, "q": q})
+
+
+@login_required
+def dataset_detail(request, pk: int):
+    """A dataset's suppressed profile (what researchers see before asking) and the request form."""
+    dataset = get_object_or_404(Dataset.objects.select_related("site__institution"), pk=pk)
+    form = AccessRequestForm(request.POST or None, user=request.user)
+    if request.method == "POST" and form.is_valid():
+        try:
+            services.access_request_submit(
+                by=request.user,
+                dataset=dataset,
+                project=form.cleaned_data["project"],
+                purpose=form.cleaned_data["purpose"],
+            )
+        except services.AccessError as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, "Request sent to the data steward.")
+            return redirect("sandbox:dataset_detail", pk=pk)
+    mine = AccessRequest.objects.filter(
+        dataset=dataset, project__memberships__user=request.user
+    ).select_related("project")
+    return render(
+        request,
+        "sandbox/dataset_detail.html",
+        {"dataset": dataset, "version": dataset.latest_version, "form": form, "requests": mine},
+    )
+
+
+@login_required
+def steward_queue(request):
+    """The data steward's access requests: pending first, then decided."""
+    if not request.user.memberships.filter(role=Role.DATA_STEWARD).exists():
+        raise Http404("Only data stewards have a request queue")
+    status = request.GET.get("status", AccessStatus.PENDING)
+    if status not in AccessStatus.values:
+        status = AccessStatus.PENDING
+    page = Paginator(selectors.steward_requests(user=request.user, status=status), 25).get_page(
+        request.GET.get("page")
+    )
+    return render(
+        request,
+        "sandbox/steward_queue.html",
+        {
+            "page_obj": page,
+            "status": status,
+            "statuses": AccessStatus.choices,
+            "form": DecisionForm(),
+        },
+    )
+
+
+def _steward_request_or_404(request, pk: int) -> AccessRequest:
+    access = get_object_or_404(AccessRequest.objects.select_related("dataset__site"), pk=pk)
+    if not can(request.user, "access.decide", access.dataset):
+        raise Http404("No such request")
+    return access
+
+
+@login_required
+@require_POST
+def request_decide(request, pk: int):
+    access = _steward_request_or_404(request, pk)
+    form = DecisionForm(request.POST)
+    if not form.is_valid():
+        for errors in form.errors.values():
+            for error in errors:
+                messages.error(request, error)
+    else:
+        try:
+            services.access_request_decide(
+                by=request.user,
+                request_id=access.pk,
+                approve=form.cleaned_data["decision"] == "approve",
+                expires_at=form.expires_at,
+                reason=form.cleaned_data["reason"],
+            )
+        except services.AccessError as exc:
+            messages.error(request, str(exc))
+        else:
+            messages.success(request, "Decision recorded.")
+    return redirect("sandbox:steward_queue")
+
+
+@login_required
+@require_POST
+def grant_revoke(request, pk: int):
+    access = _steward_request_or_404(request, pk)
+    try:
+        services.access_grant_revoke(
+            by=request.user, request_id=access.pk, reason=request.POST.get("reason", "")
+        )
+    except services.AccessError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, "Grant revoked; running jobs drop this site at their next round.")
+    return redirect(f"{reverse('sandbox:steward_queue')}?status={AccessStatus.APPROVED}")
