@@ -392,12 +392,13 @@ _FINAL = {
 }
 
 
-def job_reconcile(*, job_id: int) -> FederatedJob:
+def job_reconcile(*, job_id: int, run: superlink.RunStatus | None = None) -> FederatedJob:
     """Bring one job in line with the SuperLink (authoritative for a run's end).
 
     QUEUED → try to launch; LAUNCHING with no run id for longer than ``STALE_LAUNCH`` → back to QUEUED
     (a crash between admission and submission); RUNNING → read ``flwr ls`` and finish the job when the
-    run has finished. A SuperLink that cannot be reached leaves the job as it is.
+    run has finished. A SuperLink that cannot be reached leaves the job as it is. ``run`` is the
+    run's status when the caller already read it (one ``flwr ls`` for many jobs).
     """
     job = FederatedJob.objects.get(pk=job_id)
     if job.status == JobStatus.QUEUED:
@@ -413,11 +414,12 @@ def job_reconcile(*, job_id: int) -> FederatedJob:
         return job
     if job.status not in (JobStatus.RUNNING, JobStatus.LAUNCHING) or not job.flower_run_id:
         return job
-    try:
-        run = superlink.run_status(superlink_connection(), job.flower_run_id)
-    except superlink.SuperLinkError as exc:
-        log.warning("reconcile job %s: %s", job_id, exc)
-        return job
+    if run is None:
+        try:
+            run = superlink.run_status(superlink_connection(), job.flower_run_id)
+        except superlink.SuperLinkError as exc:
+            log.warning("reconcile job %s: %s", job_id, exc)
+            return job
     if not run.is_finished:
         return job
     return _job_finish(job_id=job_id, run=run)

@@ -4,7 +4,7 @@ Contract:
 
 - ``run_submit(run_config)`` builds the Flower App in ``FRP_FLWR_APP_DIR`` and starts one run on the
   federation named in ``$FLWR_HOME/config.toml``; returns the run id (uint64) as a string.
-- ``run_status(run_id)`` returns a ``RunStatus`` (``status`` is ``pending|starting|running|finished``,
+- ``run_status(run_id)`` / ``runs_status([run_id, …])`` return ``RunStatus`` values (``status`` is ``pending|starting|running|finished``,
   ``sub_status`` is ``completed|failed|stopped`` once finished, plus details and usage figures).
 - ``run_stop(run_id)`` asks the SuperLink to stop a run.
 
@@ -111,13 +111,7 @@ def run_submit(conn: Connection, run_config: dict[str, str | int | float | bool]
     return str(run_id)
 
 
-def run_status(conn: Connection, run_id: str) -> RunStatus:
-    """Read one run's status. Raises ``SuperLinkError`` when the SuperLink does not know it."""
-    payload = _call(conn, ["ls", conn.federation, "--run-id", str(run_id)])
-    runs = payload.get("runs") or []
-    if not runs:
-        raise SuperLinkError(f"the SuperLink does not know run {run_id}")
-    run = runs[0]
+def _run_status(run: dict, run_id: str) -> RunStatus:
     status, _, sub_status = str(run.get("status", "")).partition(":")
     return RunStatus(
         run_id=str(run_id),
@@ -126,6 +120,28 @@ def run_status(conn: Connection, run_id: str) -> RunStatus:
         details=str(run.get("status-details", "") or ""),
         raw=run,
     )
+
+
+def run_status(conn: Connection, run_id: str) -> RunStatus:
+    """Read one run's status. Raises ``SuperLinkError`` when the SuperLink does not know it."""
+    payload = _call(conn, ["ls", conn.federation, "--run-id", str(run_id)])
+    runs = payload.get("runs") or []
+    if not runs:
+        raise SuperLinkError(f"the SuperLink does not know run {run_id}")
+    return _run_status(runs[0], run_id)
+
+
+def runs_status(conn: Connection, run_ids: list[str]) -> dict[str, RunStatus]:
+    """Status of several runs with one CLI call (each ``flwr`` call is a process start, ~1.5 s).
+
+    Returns run id → ``RunStatus`` for the runs the SuperLink lists; runs it does not list are left
+    out (ask ``run_status`` for those). Raises ``SuperLinkError`` when the SuperLink fails.
+    """
+    if len(run_ids) == 1:
+        return {run_ids[0]: run_status(conn, run_ids[0])}
+    payload = _call(conn, ["ls", conn.federation])
+    listed = {str(r.get("run-id")): r for r in payload.get("runs") or []}
+    return {rid: _run_status(listed[rid], rid) for rid in run_ids if rid in listed}
 
 
 def run_stop(conn: Connection, run_id: str) -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
 
-from federation import services
+from federation import services, superlink
 from federation.models import FederatedJob, JobStatus
 
 RECONCILE_BATCH = 50
+log = logging.getLogger(__name__)
 
 
 @shared_task(name="federation.job_launch", acks_late=True)
@@ -18,11 +21,20 @@ def job_launch_task(job_id: int) -> None:
 
 @shared_task(name="federation.job_reconcile_all", acks_late=True, ignore_result=True)
 def job_reconcile_all_task() -> None:
-    """Periodic: reconcile up to ``RECONCILE_BATCH`` active jobs, oldest first."""
-    ids = list(
+    """Periodic: reconcile up to ``RECONCILE_BATCH`` active jobs, oldest first, reading every
+    running job's status from the SuperLink with one ``flwr ls``."""
+    jobs = list(
         FederatedJob.objects.filter(status__in=JobStatus.active())
         .order_by("created_at")
-        .values_list("pk", flat=True)[:RECONCILE_BATCH]
+        .values_list("pk", "flower_run_id")[:RECONCILE_BATCH]
     )
-    for job_id in ids:
-        services.job_reconcile(job_id=job_id)
+    run_ids = [run_id for _, run_id in jobs if run_id]
+    statuses = {}
+    if run_ids:
+        try:
+            statuses = superlink.runs_status(services.superlink_connection(), run_ids)
+        except superlink.SuperLinkError as exc:
+            log.warning("reconcile: the SuperLink did not answer: %s", exc)
+            return
+    for job_id, run_id in jobs:
+        services.job_reconcile(job_id=job_id, run=statuses.get(run_id))

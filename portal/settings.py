@@ -145,7 +145,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     _queue_dir = VAR_DIR / "celery-queue"
     for _d in (_queue_dir, VAR_DIR / "celery-processed", VAR_DIR / "celery-control"):
         _d.mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT = "portal.broker:Transport"  # atomic puts (see portal/broker.py)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "polling_interval": 0.2,  # seconds between folder scans (kombu's default is 1 s)
         "data_folder_in": str(_queue_dir),
         "data_folder_out": str(_queue_dir),
         "processed_folder": str(VAR_DIR / "celery-processed"),
@@ -161,10 +163,13 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SOFT_TIME_LIMIT = 600
 CELERY_TASK_TIME_LIMIT = 660
+_RECONCILE_SECONDS = env.float("FRP_RECONCILE_SECONDS", default=5.0)
 CELERY_BEAT_SCHEDULE = {
     "federation-reconcile": {
         "task": "federation.job_reconcile_all",
-        "schedule": env.float("FRP_RECONCILE_SECONDS", default=5.0),
+        "schedule": _RECONCILE_SECONDS,
+        # a tick not started before the next one is due is dropped: no backlog behind slow ticks
+        "options": {"expires": _RECONCILE_SECONDS},
     },
 }
 

@@ -26,12 +26,17 @@ def eager_celery(settings):
 def _end_stray_database_sessions(django_db_setup, django_db_blocker):
     """Before the test database is dropped, end sessions other threads left open (live server)."""
     yield
-    from django.db import connection
+    from django.db import DatabaseError, connection
 
-    if connection.vendor != "postgresql":
+    if connection.vendor != "postgresql" or not connection.settings_dict["NAME"].startswith(
+        "test_"
+    ):
         return
-    with django_db_blocker.unblock(), connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
+    try:
+        with django_db_blocker.unblock(), connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+    except DatabaseError:
+        pass  # nothing to end: the database is already gone

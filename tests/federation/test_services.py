@@ -316,3 +316,23 @@ def test_stop_by_other_member_refused(world, fake_superlink, launch):
     other = ProjectMemberFactory(project=world["project"]).user
     with pytest.raises(services.JobError):
         services.job_stop(by=other, job_id=job.pk)
+
+
+def test_reconcile_all_reads_all_runs_with_one_call(world, fake_superlink, launch, monkeypatch):
+    from federation import tasks
+
+    first, second = launch(world), launch(world)
+    FederatedJob.objects.filter(pk=second.pk).update(
+        status=JobStatus.RUNNING, flower_run_id="42"
+    )  # both running (pools would otherwise hold the second)
+    calls = []
+
+    def runs_status(conn, run_ids):
+        calls.append(sorted(run_ids))
+        done = superlink.RunStatus("x", "finished", "stopped", "", {})
+        return {rid: done for rid in run_ids}
+
+    monkeypatch.setattr(tasks.superlink, "runs_status", runs_status)
+    tasks.job_reconcile_all_task()
+    assert calls == [sorted([first.flower_run_id, "42"])]
+    assert set(FederatedJob.objects.values_list("status", flat=True)) == {JobStatus.STOPPED}
