@@ -12,5 +12,7 @@ urlpatterns = [
     path("<int:pk>/progress/", views.job_progress, name="job_progress"),
     path("<int:pk>/progress.json", views.job_progress_json, name="job_progress_json"),
     path("<int:pk>/stop/", views.job_stop, name="job_stop"),
+    path("<int:pk>/release/", views.job_release_request, name="job_release_request"),
+    path("<int:pk>/model.json", views.job_model_download, name="job_model_download"),
     path("callback/<int:pk>/", views.job_callback, name="job_callback"),
 ]

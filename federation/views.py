@@ -17,6 +17,8 @@ from federation.forms import JobSubmitForm
 from federation.models import FederatedJob
 from federation.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, SignatureError, verify
 from portal.permissions import can
+from sandbox import services as sandbox_services
+from sandbox.models import ReleaseStatus
 
 
 @login_required
@@ -72,7 +74,11 @@ def _job_or_404(request, pk: int) -> FederatedJob:
 def job_detail(request, pk: int):
     """The job page; the progress panel below refreshes itself (HTMX) while the job is active."""
     job = _job_or_404(request, pk)
-    context = {"job": job, "can_stop": can(request.user, "job.stop", job)}
+    context = {
+        "job": job,
+        "can_stop": can(request.user, "job.stop", job),
+        "release": getattr(job, "release", None),
+    }
     context.update(selectors.job_progress(job=job))
     return render(request, "federation/job_detail.html", context)
 
@@ -131,6 +137,40 @@ def job_stop(request, pk: int):
     else:
         messages.info(request, "Stop requested.")
     return redirect("federation:job_detail", pk=job.pk)
+
+
+@login_required
+@require_POST
+def job_release_request(request, pk: int):
+    """Ask the participating sites' stewards to let the final model out (airlock)."""
+    job = _job_or_404(request, pk)
+    try:
+        sandbox_services.release_request(by=request.user, job=job)
+    except sandbox_services.ReleaseError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.info(request, "Release requested from the participating sites' data stewards.")
+    return redirect("federation:job_detail", pk=job.pk)
+
+
+@login_required
+def job_model_download(request, pk: int):
+    """The final model (JSON: classes, features, weights) once the airlock has released it."""
+    job = _job_or_404(request, pk)
+    release = getattr(job, "release", None)
+    if release is None or release.status != ReleaseStatus.APPROVED:
+        raise Http404("The model has not been released")
+    body = {
+        "job": job.pk,
+        "model": "multinomial logistic regression (softmax), standardised features",
+        "features": job.feature_columns,
+        "classes": job.final_metrics.get("classes", []),
+        "weights": job.final_metrics.get("model", []),
+        "federated_test_accuracy": job.final_metrics.get("eval_accuracy"),
+    }
+    response = JsonResponse(body)
+    response["Content-Disposition"] = f'attachment; filename="job-{job.pk}-model.json"'
+    return response
 
 
 @csrf_exempt  # authenticated by the job's HMAC signature instead of a session

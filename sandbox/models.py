@@ -12,6 +12,11 @@ class Dataset(models.Model):
     slug = models.SlugField()
     title = models.CharField(max_length=200)
     description = models.TextField(blank=True)
+    auto_release = models.BooleanField(
+        default=False,
+        help_text="Airlock rule set by the data steward: approve model releases of jobs that "
+        "trained on this dataset without a manual review.",
+    )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )
@@ -105,3 +110,52 @@ class AccessRequest(models.Model):
         return self.status == AccessStatus.APPROVED and (
             self.expires_at is None or self.expires_at > at
         )
+
+
+class ReleaseStatus(models.TextChoices):
+    PENDING = "pending", "Awaiting stewards"
+    APPROVED = "approved", "Released"
+    REFUSED = "refused", "Refused"
+
+
+class ModelRelease(models.Model):
+    """The airlock: a finished job's model leaves only when every participating site approves."""
+
+    job = models.OneToOneField(
+        "federation.FederatedJob", on_delete=models.CASCADE, related_name="release"
+    )
+    status = models.CharField(
+        max_length=16, choices=ReleaseStatus.choices, default=ReleaseStatus.PENDING
+    )
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"release of {self.job} ({self.status})"
+
+
+class ReleaseDecision(models.Model):
+    """One site's airlock decision, by its data steward or by the dataset's auto-release rule."""
+
+    release = models.ForeignKey(ModelRelease, on_delete=models.CASCADE, related_name="decisions")
+    site = models.ForeignKey("federation.Site", on_delete=models.PROTECT, related_name="+")
+    approve = models.BooleanField()
+    by_rule = models.BooleanField(default=False)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    reason = models.TextField(blank=True)
+    decided_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["release", "site"], name="release_one_decision_per_site"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.site} {'approves' if self.approve else 'refuses'} {self.release}"

@@ -173,3 +173,106 @@ def access_grant_revoke(*, by, request_id: int, reason: str) -> AccessRequest:
         reason=request.decision_reason,
     )
     return request
+
+
+# ---------------------------------------------------------------------------------------------
+# Airlock: model release
+# ---------------------------------------------------------------------------------------------
+
+
+class ReleaseError(Exception):
+    """A model release cannot be requested or decided; the message says why."""
+
+
+def _release_settle(release) -> None:
+    """Approve when every participating site approved; refuse on the first refusal."""
+    from sandbox.models import ReleaseStatus
+
+    sites = {js.site_id for js in release.job.sites.all()}
+    decisions = {d.site_id: d.approve for d in release.decisions.all()}
+    if any(approve is False for approve in decisions.values()):
+        release.status = ReleaseStatus.REFUSED
+    elif sites and sites <= set(decisions):
+        release.status = ReleaseStatus.APPROVED
+    else:
+        return
+    release.decided_at = timezone.now()
+    release.save(update_fields=["status", "decided_at"])
+    audit_record(
+        by=None,
+        action=f"release.{release.status}",
+        target=release,
+        institution=release.job.project.institution,
+    )
+
+
+@transaction.atomic
+def release_request(*, by, job):
+    """A project member asks to take a COMPLETED job's model out; sites with an auto-release rule
+    on their dataset approve at once, the others wait for their data steward. Idempotent."""
+    from federation.models import JobStatus
+    from portal.permissions import can
+    from sandbox.models import ModelRelease, ReleaseDecision
+
+    if not can(by, "job.view", job):
+        raise ReleaseError("you are not a member of this job's project")
+    if job.status != JobStatus.COMPLETED or not job.final_metrics.get("model"):
+        raise ReleaseError("only a completed job with a final model can be released")
+    release, created = ModelRelease.objects.get_or_create(job=job, defaults={"requested_by": by})
+    if not created:
+        return release
+    audit_record(
+        by=by, action="release.request", target=release, institution=job.project.institution
+    )
+    for js in job.sites.select_related("dataset_version__dataset", "site"):
+        if js.dataset_version.dataset.auto_release:
+            ReleaseDecision.objects.create(
+                release=release,
+                site=js.site,
+                approve=True,
+                by_rule=True,
+                reason="the dataset's auto-release rule",
+            )
+            audit_record(
+                by=None,
+                action="release.approve_by_rule",
+                target=release,
+                institution=js.site.institution,
+                site=js.site.slug,
+            )
+    _release_settle(release)
+    return release
+
+
+@transaction.atomic
+def release_decide(*, by, release_id: int, site, approve: bool, reason: str = ""):
+    """A data steward of ``site``'s institution approves or refuses (with a reason) the release."""
+    from portal.models import Role
+    from sandbox.models import ModelRelease, ReleaseDecision, ReleaseStatus
+
+    release = (
+        ModelRelease.objects.select_for_update().select_related("job__project").get(pk=release_id)
+    )
+    if not release.job.sites.filter(site=site).exists():
+        raise ReleaseError("this site did not take part in the job")
+    if not by.memberships.filter(institution=site.institution, role=Role.DATA_STEWARD).exists():
+        raise ReleaseError("only a data steward of the site's institution decides")
+    if release.status != ReleaseStatus.PENDING:
+        raise ReleaseError(f"the release is already {release.get_status_display().lower()}")
+    if not approve and not reason.strip():
+        raise ReleaseError("give a reason for the refusal")
+    if release.decisions.filter(site=site).exists():
+        raise ReleaseError("this site has already decided")
+    ReleaseDecision.objects.create(
+        release=release, site=site, approve=approve, decided_by=by, reason=reason.strip()
+    )
+    audit_record(
+        by=by,
+        action="release.approve" if approve else "release.refuse",
+        target=release,
+        institution=site.institution,
+        site=site.slug,
+        reason=reason.strip(),
+    )
+    _release_settle(release)
+    return release

@@ -14,7 +14,7 @@ from portal.models import Role
 from portal.permissions import can
 from sandbox import selectors, services
 from sandbox.forms import AccessRequestForm, DecisionForm
-from sandbox.models import AccessRequest, AccessStatus, Dataset
+from sandbox.models import AccessRequest, AccessStatus, Dataset, ModelRelease
 
 
 @login_required
@@ -72,6 +72,7 @@ def steward_queue(request):
             "status": status,
             "statuses": AccessStatus.choices,
             "form": DecisionForm(),
+            "releases": selectors.releases_for_steward(user=request.user),
         },
     )
 
@@ -121,3 +122,27 @@ def grant_revoke(request, pk: int):
     else:
         messages.success(request, "Grant revoked; running jobs drop this site at their next round.")
     return redirect(f"{reverse('sandbox:steward_queue')}?status={AccessStatus.APPROVED}")
+
+
+@login_required
+@require_POST
+def release_decide(request, pk: int):
+    """A data steward approves or refuses a model release for one of their sites (airlock)."""
+    from federation.models import Site
+
+    site = get_object_or_404(Site, pk=request.POST.get("site") or 0)
+    try:
+        services.release_decide(
+            by=request.user,
+            release_id=pk,
+            site=site,
+            approve=request.POST.get("decision") == "approve",
+            reason=request.POST.get("reason", ""),
+        )
+    except services.ReleaseError as exc:
+        messages.error(request, str(exc))
+    except ModelRelease.DoesNotExist:
+        raise Http404("No such release") from None
+    else:
+        messages.success(request, "Airlock decision recorded.")
+    return redirect("sandbox:steward_queue")

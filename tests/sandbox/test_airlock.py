@@ -1,0 +1,134 @@
+"""Airlock: a finished job's model is downloadable only after every participating site's data steward
+(or that dataset's auto-release rule) approves; every decision is audited."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from federation.models import FederatedJob, JobSite, JobStatus
+from portal.models import AuditEvent, Membership, ProjectRole, Role
+from sandbox import services
+from sandbox.models import ReleaseStatus
+from tests.factories import DatasetVersionFactory, ProjectFactory, ProjectMemberFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def world():
+    project = ProjectFactory()
+    researcher = ProjectMemberFactory(project=project, role=ProjectRole.PRINCIPAL_INVESTIGATOR).user
+    versions = [DatasetVersionFactory(), DatasetVersionFactory()]
+    stewards = []
+    for v in versions:
+        steward = UserFactory()
+        Membership.objects.create(
+            user=steward, institution=v.dataset.site.institution, role=Role.DATA_STEWARD
+        )
+        stewards.append(steward)
+    job = FederatedJob.objects.create(
+        project=project,
+        submitted_by=researcher,
+        title="done",
+        target_column="label",
+        status=JobStatus.COMPLETED,
+        final_metrics={
+            "eval_accuracy": 0.95,
+            "classes": ["a", "b"],
+            "model": [[[0.1, 0.2]], [0.0, 0.0]],
+        },
+    )
+    for v in versions:
+        JobSite.objects.create(job=job, site=v.dataset.site, dataset_version=v)
+    return dict(
+        project=project, researcher=researcher, versions=versions, stewards=stewards, job=job
+    )
+
+
+def _sites(w):
+    return [v.dataset.site for v in w["versions"]]
+
+
+def test_model_not_downloadable_until_every_site_approves(client, world):
+    client.force_login(world["researcher"])
+    download = reverse("federation:job_model_download", args=[world["job"].pk])
+    assert client.get(download).status_code == 404
+
+    client.post(reverse("federation:job_release_request", args=[world["job"].pk]))
+    release = world["job"].release
+    assert client.get(download).status_code == 404
+
+    services.release_decide(
+        by=world["stewards"][0], release_id=release.pk, site=_sites(world)[0], approve=True
+    )
+    assert client.get(download).status_code == 404  # one of two sites
+
+    services.release_decide(
+        by=world["stewards"][1], release_id=release.pk, site=_sites(world)[1], approve=True
+    )
+    response = client.get(download)
+    assert response.status_code == 200
+    assert response.json()["weights"] == world["job"].final_metrics["model"]
+    actions = set(AuditEvent.objects.values_list("action", flat=True))
+    assert {"release.request", "release.approve", "release.approved"} <= actions
+
+
+def test_one_refusal_refuses_the_release(world):
+    release = services.release_request(by=world["researcher"], job=world["job"])
+    with pytest.raises(services.ReleaseError, match="reason"):
+        services.release_decide(
+            by=world["stewards"][0], release_id=release.pk, site=_sites(world)[0], approve=False
+        )
+    services.release_decide(
+        by=world["stewards"][0],
+        release_id=release.pk,
+        site=_sites(world)[0],
+        approve=False,
+        reason="small cell counts in site A",
+    )
+    release.refresh_from_db()
+    assert release.status == ReleaseStatus.REFUSED
+
+
+def test_steward_of_other_site_cannot_decide(world):
+    release = services.release_request(by=world["researcher"], job=world["job"])
+    with pytest.raises(services.ReleaseError, match="data steward"):
+        services.release_decide(
+            by=world["stewards"][1], release_id=release.pk, site=_sites(world)[0], approve=True
+        )
+
+
+def test_auto_release_rule_approves_for_its_site(world):
+    for v in world["versions"]:
+        v.dataset.auto_release = True
+        v.dataset.save()
+    release = services.release_request(by=world["researcher"], job=world["job"])
+    assert release.status == ReleaseStatus.APPROVED
+    assert all(d.by_rule for d in release.decisions.all())
+
+
+def test_release_of_unfinished_job_refused(world):
+    FederatedJob.objects.filter(pk=world["job"].pk).update(status=JobStatus.RUNNING)
+    world["job"].refresh_from_db()
+    with pytest.raises(services.ReleaseError, match="completed"):
+        services.release_request(by=world["researcher"], job=world["job"])
+
+
+def test_outsider_cannot_request_or_download(client, world):
+    outsider = UserFactory()
+    with pytest.raises(services.ReleaseError):
+        services.release_request(by=outsider, job=world["job"])
+    client.force_login(outsider)
+    assert (
+        client.get(reverse("federation:job_model_download", args=[world["job"].pk])).status_code
+        == 404
+    )
+
+
+def test_steward_queue_lists_pending_release_for_their_site(client, world):
+    services.release_request(by=world["researcher"], job=world["job"])
+    client.force_login(world["stewards"][0])
+    page = client.get(reverse("sandbox:steward_queue")).content.decode()
+    assert "Model releases awaiting your decision" in page and _sites(world)[0].name in page
+    assert _sites(world)[1].name not in page
