@@ -364,46 +364,38 @@ def _open_invitation(invitation_id: int, user):
     return invitation
 
 
-@transaction.atomic
-def invitation_accept(*, by, invitation_id: int) -> ProjectMember:
-    """The invited person accepts: they join the project with the invited role."""
+def _invitation_answer(invitation, *, by, status: str) -> None:
     from django.utils import timezone
 
-    from portal.models import InvitationStatus
-
-    invitation = _open_invitation(invitation_id, by)
-    member = project_member_add(by=by, project=invitation.project, user=by, role=invitation.role)
-    invitation.status = InvitationStatus.ACCEPTED
+    invitation.status = status
     invitation.responded_by = by
     invitation.responded_at = timezone.now()
     invitation.save(update_fields=["status", "responded_by", "responded_at"])
     audit_record(
         by=by,
-        action="project.invitation_accept",
+        action=f"project.invitation_{status}",
         target=invitation.project,
         institution=invitation.project.institution,
     )
+
+
+@transaction.atomic
+def invitation_accept(*, by, invitation_id: int) -> ProjectMember:
+    """The invited person accepts: they join the project with the invited role."""
+    from portal.models import InvitationStatus
+
+    invitation = _open_invitation(invitation_id, by)
+    member = project_member_add(by=by, project=invitation.project, user=by, role=invitation.role)
+    _invitation_answer(invitation, by=by, status=InvitationStatus.ACCEPTED)
     return member
 
 
 @transaction.atomic
 def invitation_decline(*, by, invitation_id: int) -> None:
     """The invited person declines."""
-    from django.utils import timezone
-
     from portal.models import InvitationStatus
 
-    invitation = _open_invitation(invitation_id, by)
-    invitation.status = InvitationStatus.DECLINED
-    invitation.responded_by = by
-    invitation.responded_at = timezone.now()
-    invitation.save(update_fields=["status", "responded_by", "responded_at"])
-    audit_record(
-        by=by,
-        action="project.invitation_decline",
-        target=invitation.project,
-        institution=invitation.project.institution,
-    )
+    _invitation_answer(_open_invitation(invitation_id, by), by=by, status=InvitationStatus.DECLINED)
 
 
 @transaction.atomic

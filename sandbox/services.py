@@ -136,17 +136,23 @@ def access_request_decide(
         raise AccessError(f"request is {request.status}, not pending")
     if not reason.strip():
         raise AccessError("give the researcher a reason for the refusal")
-    request.status = AccessStatus.REFUSED
+    return _access_close(request, by=by, status=AccessStatus.REFUSED, reason=reason.strip())
+
+
+def _access_close(request: AccessRequest, *, by, status: str, reason: str) -> AccessRequest:
+    """Refuse or revoke ``request`` (already locked and checked), audited as ``access.<verb>``."""
+    request.status = status
     request.decided_by = by
     request.decided_at = timezone.now()
-    request.decision_reason = reason.strip()
+    request.decision_reason = reason
     request.save()
+    verb = {AccessStatus.REFUSED: "refuse", AccessStatus.REVOKED: "revoke"}[status]
     audit_record(
         by=by,
-        action="access.refuse",
+        action=f"access.{verb}",
         target=request,
         institution=request.dataset.site.institution,
-        reason=request.decision_reason,
+        reason=reason,
     )
     return request
 
@@ -160,19 +166,12 @@ def access_grant_revoke(*, by, request_id: int, reason: str) -> AccessRequest:
     _check_steward(by, request)
     if request.status != AccessStatus.APPROVED:
         raise AccessError(f"request is {request.status}, not approved")
-    request.status = AccessStatus.REVOKED
-    request.decision_reason = reason.strip() or "revoked by the data steward"
-    request.decided_by = by
-    request.decided_at = timezone.now()
-    request.save()
-    audit_record(
+    return _access_close(
+        request,
         by=by,
-        action="access.revoke",
-        target=request,
-        institution=request.dataset.site.institution,
-        reason=request.decision_reason,
+        status=AccessStatus.REVOKED,
+        reason=reason.strip() or "revoked by the data steward",
     )
-    return request
 
 
 # ---------------------------------------------------------------------------------------------
