@@ -4,6 +4,7 @@
 #   ./run.sh                  install, migrate, seed, start the federation + worker + web, run the demo
 #                             job by web form, then keep serving http://127.0.0.1:${FRP_PORT:-8000}
 #   ./run.sh --exit-after-job same, then stop everything and exit with the job's status (for scripts)
+#   FRP_PORT=8100 ./run.sh    serve on another port (default 8000)
 #
 # Embedded default: SQLite, Celery over the filesystem transport, one store directory per site, all
 # under ./var. Nothing here needs a server to be installed.
@@ -14,7 +15,7 @@ EXIT_AFTER_JOB=0
 for arg in "$@"; do
   case "$arg" in
     --exit-after-job) EXIT_AFTER_JOB=1 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -27,18 +28,19 @@ export PYTHONUNBUFFERED=1
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 t0=$(date +%s)
 
-step "Installing into .venv (Python: $($PYTHON --version))"
+step "Installing into .venv (Python: $($PYTHON --version); log: var/logs/install.log)"
+mkdir -p var/logs
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install --quiet --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -m pip install --quiet -e . 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import django, flwr, celery" || { echo "install failed" >&2; exit 1; }
+if ! { .venv/bin/python -m pip install --upgrade pip && .venv/bin/python -m pip install -e .; } \
+    >var/logs/install.log 2>&1; then
+  tail -n 30 var/logs/install.log >&2; echo "install failed (var/logs/install.log)" >&2; exit 1
+fi
 PY=.venv/bin/python
 
 step "Preparing the database (SQLite under ./var) and the demo institutions"
 $PY manage.py migrate --noinput -v0
 $PY manage.py demo_seed
 
-mkdir -p var/logs
 PIDS=()
 cleanup() {
   for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill "$pid" 2>/dev/null || true; done

@@ -68,11 +68,16 @@ def _validate_columns(versions, target: str, features: list[str]) -> list[str]:
     """Check target/feature columns against every schema; return the feature list to use."""
     errors: dict[str, list[str]] = {}
     types = [{c["name"]: c["type"] for c in v.schema} for v in versions]
-    for v, schema in zip(versions, types, strict=True):
-        if target not in schema:
-            errors.setdefault("target_column", []).append(
-                f"{v.dataset} has no column {target!r} (columns: {', '.join(schema)})"
-            )
+    lacking = [
+        str(v.dataset) for v, schema in zip(versions, types, strict=True) if target not in schema
+    ]
+    if lacking:
+        shared = [c for c in types[0] if all(c in t for t in types)]
+        errors["target_column"] = [
+            f"No column {target!r} in {', '.join(lacking)}. Columns every chosen dataset has: "
+            + ", ".join(shared[:12])
+            + (f" and {len(shared) - 12} more." if len(shared) > 12 else ".")
+        ]
     if not features:
         numeric = [
             {n for n, t in s.items() if t in ("int", "float") and n != target} for s in types
@@ -80,15 +85,15 @@ def _validate_columns(versions, target: str, features: list[str]) -> list[str]:
         common = set.intersection(*numeric) if numeric else set()
         features = [c["name"] for c in versions[0].schema if c["name"] in common]
         if not features:
-            errors.setdefault("feature_columns", []).append(
-                "the selected datasets share no numeric column besides the target"
-            )
+            errors["feature_columns"] = [
+                "The chosen datasets share no numeric column besides the target."
+            ]
     else:
         for v, schema in zip(versions, types, strict=True):
             bad = [f for f in features if schema.get(f) not in ("int", "float")]
             if bad:
                 errors.setdefault("feature_columns", []).append(
-                    f"{v.dataset}: {', '.join(bad)} missing or not numeric"
+                    f"{v.dataset}: missing or not numeric: {', '.join(map(repr, bad))}."
                 )
     if errors:
         raise JobError("the datasets do not fit the job", errors)
@@ -115,15 +120,18 @@ def job_submit(
     in every schema. Raises ``JobError`` (with per-field messages) otherwise.
     """
     if not can(by, "job.submit", project):
-        raise JobError("you are not a member of this project", {"project": ["not a member"]})
+        raise JobError(
+            "you are not a member of this project",
+            {"project": ["You are not a member of this project."]},
+        )
     versions = list(dataset_versions)
     sites = [v.dataset.site for v in versions]
     if len(versions) < MIN_SITES:
         raise JobError(
-            "too few sites", {"datasets": [f"choose datasets from at least {MIN_SITES} sites"]}
+            "too few sites", {"datasets": [f"Choose datasets from at least {MIN_SITES} sites."]}
         )
     if len({s.pk for s in sites}) != len(sites):
-        raise JobError("one dataset per site", {"datasets": ["choose one dataset per site"]})
+        raise JobError("one dataset per site", {"datasets": ["Choose one dataset per site."]})
     ungranted = [
         str(v.dataset)
         for v in versions
@@ -132,7 +140,7 @@ def job_submit(
     if ungranted:
         raise JobError(
             "no valid grant",
-            {"datasets": [f"no valid access grant for this project: {', '.join(ungranted)}"]},
+            {"datasets": [f"No valid access grant for this project: {', '.join(ungranted)}."]},
         )
     features = _validate_columns(versions, target_column, list(feature_columns or []))
     job = FederatedJob.objects.create(

@@ -26,6 +26,7 @@ echo "==> ruff"
 .venv/bin/ruff format --check .
 .venv/bin/ruff check .
 echo "==> migrations are up to date"
-DJANGO_SETTINGS_MODULE=tests.settings .venv/bin/python manage.py makemigrations --check --dry-run
+DATABASE_URL=sqlite://:memory: DJANGO_SETTINGS_MODULE=tests.settings \
+  .venv/bin/python manage.py makemigrations --check --dry-run
 echo "==> pytest"
 exec .venv/bin/python -m pytest "$@"

@@ -9,7 +9,9 @@ import tempfile
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/frp")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
-os.environ.setdefault("FRP_VAR_DIR", tempfile.mkdtemp(prefix="frp-test-var-"))
+# Tests point every store, queue and federation at their own temporary folders; this one is only
+# the settings' default and is shared by runs rather than created anew at every settings load.
+os.environ.setdefault("FRP_VAR_DIR", os.path.join(tempfile.gettempdir(), "frp-test-var"))
 
 from portal.settings import *  # noqa: E402,F403
 

@@ -118,7 +118,7 @@ def test_job_submit_two_datasets_of_one_site_refused(world):
     GrantFactory(project=world["project"], dataset=other.dataset)
     with pytest.raises(services.JobError) as err:
         submit(world, dataset_versions=[world["versions"][0], other])
-    assert err.value.field_errors["datasets"] == ["choose one dataset per site"]
+    assert err.value.field_errors["datasets"] == ["Choose one dataset per site."]
 
 
 @pytest.mark.parametrize(
@@ -136,20 +136,22 @@ def test_job_submit_without_valid_grant_refused(world, change):
     grant.save()
     with pytest.raises(services.JobError) as err:
         submit(world)
-    assert "no valid access grant" in err.value.field_errors["datasets"][0]
+    assert "No valid access grant" in err.value.field_errors["datasets"][0]
 
 
 def test_job_submit_missing_target_names_dataset_and_columns(world):
     with pytest.raises(services.JobError) as err:
         submit(world, target_column="nope")
-    msgs = err.value.field_errors["target_column"]
-    assert len(msgs) == 2 and "no column 'nope'" in msgs[0] and "x1, x2, label" in msgs[0]
+    (msg,) = err.value.field_errors["target_column"]
+    for version in world["versions"]:
+        assert str(version.dataset) in msg  # both datasets named once, in one message
+    assert "No column 'nope'" in msg and "x1, x2, label" in msg
 
 
 def test_job_submit_non_numeric_feature_refused(world):
     with pytest.raises(services.JobError) as err:
         submit(world, feature_columns=["x1", "label"])
-    assert "label missing or not numeric" in err.value.field_errors["feature_columns"][0]
+    assert "missing or not numeric: 'label'" in err.value.field_errors["feature_columns"][0]
 
 
 def test_job_launch_submits_run_with_spec_and_marks_running(world, fake_superlink, launch):

@@ -185,7 +185,7 @@ def test_job_form_target_missing_in_one_schema_shows_error_inline(pi_client, wor
     assert response.status_code == 200
     block = _field_block(response.content.decode(), "id_target_column")
     assert "invalid-feedback" in block
-    assert "Cohort Gamma" in block and "no column 'label'" in block
+    assert "Cohort Gamma" in block and "No column 'label'" in html.unescape(block)
     assert "Cohort Alpha" not in block  # the dataset that has the column is not blamed
     assert FederatedJob.objects.count() == 0
 

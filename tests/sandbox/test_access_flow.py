@@ -12,14 +12,19 @@ from django.utils import timezone
 from portal.models import AuditEvent, Membership, ProjectRole, Role
 from sandbox import selectors, services
 from sandbox.models import AccessRequest, AccessStatus
-from tests.factories import DatasetFactory, ProjectFactory, ProjectMemberFactory, UserFactory
+from tests.factories import (
+    DatasetVersionFactory,
+    ProjectFactory,
+    ProjectMemberFactory,
+    UserFactory,
+)
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def world():
-    dataset = DatasetFactory()
+    dataset = DatasetVersionFactory().dataset
     steward = UserFactory()
     Membership.objects.create(
         user=steward, institution=dataset.site.institution, role=Role.DATA_STEWARD
@@ -147,7 +152,8 @@ def test_approval_flow_through_the_web_pages(client, world):
     # The researcher's job form now offers the dataset.
     client.force_login(world["researcher"])
     form = client.get(reverse("federation:job_create")).content.decode()
-    assert world["dataset"].title in form or str(world["dataset"].pk) in form
+    version = world["dataset"].latest_version
+    assert f'name="datasets" value="{version.pk}"' in form
 
     # Revoked by the steward: gone from the grants.
     client.force_login(world["steward"])

@@ -78,6 +78,18 @@ class Command(BaseCommand):
         job_id = int(match.group(1))
         self.stdout.write(f"Submitted job #{job_id} ({len(datasets)} sites): {r.url}")
 
+        try:
+            p = self._follow(http, url, job_id, started, timeout)
+        except KeyboardInterrupt:
+            self.stderr.write(
+                f"\nInterrupted. Job #{job_id} keeps its state; the portal marks it when the "
+                "federation reports its end (or fails it if the federation was stopped)."
+            )
+            sys.exit(130)
+        self._report(p, job_id, started)
+
+    def _follow(self, http, url: str, job_id: int, started: float, timeout: float) -> dict:
+        """Print progress lines until the job is terminal; return the last progress JSON."""
         last = None
         while True:
             p = http.get(f"{url}/jobs/{job_id}/progress.json", timeout=30).json()
@@ -94,11 +106,12 @@ class Command(BaseCommand):
                 self.stdout.write(line)
                 last = line.split("] ", 1)[1]
             if p["terminal"]:
-                break
+                return p
             if time.monotonic() - started > timeout:
                 raise CommandError(f"job #{job_id} did not finish within {timeout:.0f} s")
             time.sleep(2)
 
+    def _report(self, p: dict, job_id: int, started: float) -> None:
         elapsed = time.monotonic() - started
         self.stdout.write(
             f"\nJob #{job_id} {p['status'].upper()} in {elapsed:.1f} s: {p['status_detail']}"
@@ -111,13 +124,13 @@ class Command(BaseCommand):
             )
         self.stdout.write(
             f"{'site':<12} {'institution':<34} {'status':<10} {'rounds':>6} "
-            f"{'train':>6} {'test':>5} {'accuracy':>8}"
+            f"{'train rows':>10} {'test rows':>9} {'test accuracy':>13}"
         )
         for s in p["sites"]:
             acc = "—" if s["eval_accuracy"] is None else f"{s['eval_accuracy']:.3f}"
             self.stdout.write(
                 f"{s['site']:<12} {s['institution']:<34} {s['status']:<10} {s['rounds_completed']:>6} "
-                f"{s['train_examples']:>6} {s['eval_examples']:>5} {acc:>8}"
+                f"{s['train_examples']:>10} {s['eval_examples']:>9} {acc:>13}"
             )
             if s["error"]:
                 self.stdout.write(f"    error: {s['error']}")
