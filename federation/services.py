@@ -17,6 +17,7 @@ import json
 import logging
 from datetime import timedelta
 from functools import partial
+from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
@@ -202,6 +203,11 @@ def job_run_config(job: FederatedJob) -> dict:
         "local-epochs": job.local_epochs,
         "learning-rate": float(job.learning_rate),
         "round-timeout": float(settings.FRP_ROUND_TIMEOUT),
+        "reply-log": (
+            str(Path(settings.FRP_REPLY_LOG_DIR) / f"job-{job.pk}-replies.jsonl")
+            if settings.FRP_REPLY_LOG_DIR
+            else ""
+        ),
     }
 
 

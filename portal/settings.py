@@ -182,6 +182,9 @@ FRP_FLWR_APP_DIR = BASE_DIR / "federation" / "flwr_app"
 FRP_CALLBACK_BASE_URL = env.str("FRP_CALLBACK_BASE_URL", default="http://127.0.0.1:8000")
 # A round with no reply within this many seconds drops the silent sites (FedAvg's default: 3600 s).
 FRP_ROUND_TIMEOUT = env.float("FRP_ROUND_TIMEOUT", default=120.0)
+# Optional: a folder where each job's ServerApp appends every reply it receives (an audit of exactly
+# what left the sites). Empty: off.
+FRP_REPLY_LOG_DIR = env.str("FRP_REPLY_LOG_DIR", default="")
 # The local federation: one SuperNode per site, each with its own store and keyring.
 FRP_SITES_DIR = Path(env.str("FRP_SITES_DIR", default=str(VAR_DIR / "sites")))
 

@@ -44,6 +44,7 @@ class FlowerWorld:
     runtime_root: Path
     worker_log: Path
     sites_dir: Path
+    reply_log_dir: Path
 
 
 def _plant_number(path: Path) -> None:
@@ -128,7 +129,9 @@ def flower_job_world(django_db_setup, django_db_blocker, live_server, tmp_path_f
                 FRP_CALLBACK_BASE_URL=live_server.url,
                 FRP_RECONCILE_SECONDS="1",
                 FRP_VAR_DIR=str(root / "worker-var"),
+                FRP_REPLY_LOG_DIR=str(root / "reply-logs"),
             )
+            (root / "reply-logs").mkdir()
             worker_log = root / "worker.log"
             worker = subprocess.Popen(
                 [
@@ -150,7 +153,13 @@ def flower_job_world(django_db_setup, django_db_blocker, live_server, tmp_path_f
                 start_new_session=True,
             )
             yield FlowerWorld(
-                project, researcher, versions, root / "federation", worker_log, root / "sites"
+                project,
+                researcher,
+                versions,
+                root / "federation",
+                worker_log,
+                root / "sites",
+                root / "reply-logs",
             )
         finally:
             if worker is not None:

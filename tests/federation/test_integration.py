@@ -7,6 +7,7 @@ hospital-a's CSV appear nowhere in the portal database, the SuperLink database o
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import pytest
@@ -117,6 +118,15 @@ def test_canary_never_leaves_the_site(outcome, flower_job_world):
     )
     assert CANARY_TEXT in table.data["patient_ref"].tolist()
     assert float(CANARY_NUMBER) in table.data["mean_radius"].tolist()
+    # Every message the ServerApp received (the reply log): updates and metrics, and no canary.
+    (log,) = w.reply_log_dir.glob(f"job-{outcome.job.pk}-replies.jsonl")
+    replies = [json.loads(line) for line in log.read_text().splitlines()]
+    kinds = {r["message_type"] for r in replies}
+    assert {"query", "train", "evaluate"} <= kinds, kinds
+    assert any(r["content"] and "arrays" in r["content"] for r in replies)  # model updates logged
+    log_text = log.read_text()
+    for canary in (CANARY_TEXT, CANARY_NUMBER):
+        assert canary not in log_text, f"{canary} reached the ServerApp"
     superlink_db = w.runtime_root / "superlink.db"
     assert superlink_db.exists() and superlink_db.stat().st_size > 0
     assert checked >= 5  # SuperLink db and logs, SuperNode logs, worker log, encrypted objects

@@ -96,6 +96,45 @@ class Exchange:
     timed_out: set[int] = field(default_factory=set)
 
 
+def _record_to_json(record) -> dict:
+    """A RecordDict as plain JSON: arrays as nested lists, metric/config records as dicts."""
+    out = {}
+    for key, value in record.items():
+        if isinstance(value, ArrayRecord):
+            out[key] = [a.tolist() for a in value.to_numpy_ndarrays()]
+        else:
+            out[key] = {
+                k: (list(v) if isinstance(v, list | tuple) else v) for k, v in value.items()
+            }
+    return out
+
+
+@dataclass
+class ReplyLog:
+    """Appends every reply the ServerApp receives (JSON lines) to ``path``; off when empty.
+
+    An operator's record of exactly what left each site during a run (model updates, metrics,
+    standardisation statistics), for audits such as the data-residency test.
+    """
+
+    path: str = ""
+
+    def write(self, node: int, reply: Message) -> None:
+        if not self.path:
+            return
+        entry = {
+            "node_id": str(node),
+            "message_type": reply.metadata.message_type,
+            "error": reply.error.reason if reply.has_error() else None,
+            "content": None if reply.has_error() else _record_to_json(reply.content),
+        }
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry) + "\n")
+
+
+REPLY_LOG = ReplyLog()
+
+
 def exchange(grid: Grid, messages: list[Message], *, timeout: float, poll: float) -> Exchange:
     """Push ``messages``, pull replies every ``poll`` seconds until all arrive or ``timeout`` (s)."""
     dst = [m.metadata.dst_node_id for m in messages]
@@ -109,6 +148,7 @@ def exchange(grid: Grid, messages: list[Message], *, timeout: float, poll: float
             mid = reply.metadata.reply_to_message_id
             pending.discard(mid)
             node = node_of[mid]
+            REPLY_LOG.write(node, reply)
             if reply.has_error():
                 out.errors[node] = sanitise(reply.error.reason or "unknown error")
             else:
@@ -314,6 +354,7 @@ def main(grid: Grid, context: Context) -> None:
     reporter = Reporter(
         str(context.run_config["callback-url"]), str(context.run_config["callback-token"])
     )
+    REPLY_LOG.path = str(context.run_config.get("reply-log", ""))
     try:
         run_job(grid, context, reporter)
     except Exception as exc:
