@@ -10,7 +10,11 @@ from portal.broker import Transport
 
 
 def test_put_leaves_no_partial_file_and_round_trips(tmp_path):
-    options = {"data_folder_in": str(tmp_path), "data_folder_out": str(tmp_path)}
+    options = {
+        "data_folder_in": str(tmp_path),
+        "data_folder_out": str(tmp_path),
+        "control_folder": str(tmp_path / "control"),
+    }
     with Connection("filesystem://", transport=Transport, transport_options=options) as conn:
         queue = conn.SimpleQueue("q")
         for i in range(50):
@@ -22,7 +26,11 @@ def test_put_leaves_no_partial_file_and_round_trips(tmp_path):
 
 
 def test_partial_file_is_invisible_to_consumers(tmp_path):
-    options = {"data_folder_in": str(tmp_path), "data_folder_out": str(tmp_path)}
+    options = {
+        "data_folder_in": str(tmp_path),
+        "data_folder_out": str(tmp_path),
+        "control_folder": str(tmp_path / "control"),
+    }
     (tmp_path / "1_x.q.msg.part").write_bytes(b"")  # a writer in the middle of its put
     with Connection("filesystem://", transport=Transport, transport_options=options) as conn:
         channel = conn.default_channel
