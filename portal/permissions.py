@@ -43,7 +43,7 @@ def can(user, action: str, obj=None) -> bool:
     Actions: ``project.create`` (obj: None; researchers), ``project.view``, ``project.invite``
     (PI only), ``job.submit`` (obj: Project), ``job.view``, ``job.stop``
     (obj: FederatedJob), ``institution.admin`` (obj: Institution; platform admins too),
-    ``dataset.register`` (obj: Site), ``access.decide`` (obj: Dataset).
+    ``dataset.register`` (obj: Site), ``access.decide`` (obj: Dataset or Site).
     Unknown actions raise ``ValueError`` so a typo cannot silently allow or deny.
     """
     if action not in ACTIONS:
@@ -67,6 +67,7 @@ def can(user, action: str, obj=None) -> bool:
         return user.is_staff or _has_role(user, obj, Role.INSTITUTION_ADMIN)
     if action == "dataset.register":
         return _has_role(user, obj.institution, Role.DATA_STEWARD)
-    if action == "access.decide":
-        return _has_role(user, obj.site.institution, Role.DATA_STEWARD)
+    if action == "access.decide":  # obj: a Dataset, or a Site
+        site = getattr(obj, "site", obj)
+        return _has_role(user, site.institution, Role.DATA_STEWARD)
     raise AssertionError(f"action {action!r} is listed in ACTIONS but not handled")

@@ -130,7 +130,10 @@ def release_decide(request, pk: int):
     """A data steward approves or refuses a model release for one of their sites (airlock)."""
     from federation.models import Site
 
-    site = get_object_or_404(Site, pk=request.POST.get("site") or 0)
+    release = get_object_or_404(ModelRelease, pk=pk)
+    site = get_object_or_404(Site, pk=request.POST.get("site") or 0, job_sites__job=release.job)
+    if not can(request.user, "access.decide", site):
+        raise Http404("No such release")  # only the participating sites' stewards see it
     try:
         services.release_decide(
             by=request.user,
@@ -141,8 +144,6 @@ def release_decide(request, pk: int):
         )
     except services.ReleaseError as exc:
         messages.error(request, str(exc))
-    except ModelRelease.DoesNotExist:
-        raise Http404("No such release") from None
     else:
         messages.success(request, "Airlock decision recorded.")
     return redirect("sandbox:steward_queue")

@@ -10,7 +10,9 @@ Actors are named ``<role>@<institution>`` (``researcher@B``), plus ``platform-ad
   ``A-job`` (submitted by researcher@A) and ``A-job-by-B`` (submitted by researcher@B);
 - project ``B`` (lead institution B): researcher@B alone, as principal investigator; job ``B-job``;
 - institution C has nothing but users, and a pending invitation to project A addressed to
-  researcher@C's e-mail.
+  researcher@C's e-mail;
+- project B has a pending access request for the dataset at A's site; A-job has a pending model
+  release (airlock) awaiting the stewards of sites A and B.
 
 Every job is queued and trains at one site per dataset (``JobSite``). ``build_world`` returns model
 instances; tests re-read the database to observe effects.
@@ -25,6 +27,7 @@ from django.utils import timezone
 
 from federation.models import FederatedJob, JobSite
 from portal.models import Institution, Project, ProjectInvitation, ProjectRole, Role
+from sandbox.models import AccessRequest, AccessStatus, ModelRelease
 from tests.factories import (
     DatasetVersionFactory,
     GrantFactory,
@@ -74,6 +77,9 @@ class World:
     jobs: dict[str, FederatedJob]  # "A-job" | "A-job-by-B" | "B-job"
     invitation: ProjectInvitation  # pending, to project A, for researcher@C
     dataset_versions: list  # the two DatasetVersions project A holds grants for (sites A and B)
+    grant_a: AccessRequest = None  # project A's approved grant on the dataset at A's site
+    pending_request: AccessRequest = None  # project B asks for the dataset at A's site (pending)
+    release: ModelRelease = None  # a pending model release of A-job (sites A and B take part)
     sessions: dict[str, str] = field(default_factory=dict)  # actor -> session key, when signed in
 
     def user(self, actor: str):
@@ -141,6 +147,14 @@ def build_world() -> World:
         invited_by=users["researcher@A"],
         expires_at=timezone.now() + timedelta(days=14),
     )
+    grant_a = AccessRequest.objects.get(project=project_a, dataset=version_a.dataset)
+    pending = AccessRequest.objects.create(
+        project=project_b,
+        dataset=version_a.dataset,
+        requested_by=users["researcher@B"],
+        purpose="matrix",
+        status=AccessStatus.PENDING,
+    )
     return World(
         users=users,
         institutions=institutions,
@@ -148,4 +162,7 @@ def build_world() -> World:
         jobs=jobs,
         invitation=invitation,
         dataset_versions=[version_a, version_b],
+        grant_a=grant_a,
+        pending_request=pending,
+        release=ModelRelease.objects.create(job=jobs["A-job"], requested_by=users["researcher@A"]),
     )

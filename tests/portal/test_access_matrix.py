@@ -46,6 +46,7 @@ from portal.models import (
     ProjectRole,
     Role,
 )
+from sandbox.models import AccessRequest, AccessStatus, ModelRelease, ReleaseStatus
 from tests.portal.matrix_world import (
     ACTORS,
     ANONYMOUS,
@@ -284,6 +285,83 @@ def _to(url: Callable[[World], str]) -> Location:
 # --- The policy ---------------------------------------------------------------------------------
 
 
+STEWARDS = frozenset(f"data-steward@{i}" for i in ("A", "B", "C"))
+
+
+def _access_status(pick: Callable[[World], AccessRequest]) -> Callable[[World], object]:
+    return lambda w: AccessRequest.objects.get(pk=pick(w).pk).status
+
+
+def _sandbox_endpoints() -> list[Endpoint]:
+    """Dataset catalogue (any signed-in user), access requests (project members ask, the owning
+    institution's stewards decide and revoke), airlock decisions (participating sites' stewards)."""
+    dataset_a = lambda w: f"/datasets/{w.dataset_versions[0].dataset.pk}/"  # noqa: E731
+    queue = lambda w, p: "/access-requests/"  # noqa: E731
+    return [
+        _get("/datasets/", lambda w: "/datasets/", SIGNED_IN),
+        _get("/datasets/<A-dataset>/", dataset_a, SIGNED_IN),
+        _post(
+            "/datasets/<A-dataset>/ (request for <A-project>)",
+            dataset_a,
+            PROJECT_MEMBERS["A"],
+            allowed=redirect(_to(dataset_a), changes=True),
+            refused_actors=SIGNED_IN - PROJECT_MEMBERS["A"],
+            refused=OK,  # the form again: project A is not among their choices
+            data=lambda w, a: {"project": w.projects["A"].pk, "purpose": "matrix request"},
+            effect=lambda w: AccessRequest.objects.filter(
+                project=w.projects["A"], purpose="matrix request"
+            ).count(),
+            result=1,
+        ),
+        _get("/access-requests/", lambda w: "/access-requests/", STEWARDS),
+        _post(
+            "/access-requests/<B-project-pending-on-A-dataset>/decide/",
+            lambda w: f"/access-requests/{w.pending_request.pk}/decide/",
+            {"data-steward@A"},
+            allowed=redirect(queue, changes=True),
+            data=lambda w, a: {"decision": "refuse", "reason": "matrix refusal"},
+            effect=_access_status(lambda w: w.pending_request),
+            result=AccessStatus.REFUSED,
+        ),
+        _post(
+            "/access-requests/<A-project-grant-on-A-dataset>/revoke/",
+            lambda w: f"/access-requests/{w.grant_a.pk}/revoke/",
+            {"data-steward@A"},
+            allowed=redirect(lambda w, p: "/access-requests/?status=approved", changes=True),
+            data=lambda w, a: {"reason": "matrix revocation"},
+            effect=_access_status(lambda w: w.grant_a),
+            result=AccessStatus.REVOKED,
+        ),
+        _post(
+            "/releases/<A-job-release>/decide/ (site A)",
+            lambda w: f"/releases/{w.release.pk}/decide/",
+            {"data-steward@A"},
+            allowed=redirect(queue, changes=True),
+            data=lambda w, a: {
+                "site": w.dataset_versions[0].dataset.site.pk,
+                "decision": "refuse",
+                "reason": "matrix",
+            },
+            effect=lambda w: ModelRelease.objects.get(pk=w.release.pk).status,
+            result=ReleaseStatus.REFUSED,
+        ),
+        # A-job is queued: its members may ask, and are told it is not finished; nobody downloads.
+        _post(
+            "/jobs/<A-job>/release/",
+            _job_url("A-job", "release/"),
+            frozenset(),
+            refused_actors=PROJECT_MEMBERS["A"],
+            refused=redirect(_to(_job_url("A-job")), changes=False),
+            effect=lambda w: ModelRelease.objects.filter(job=w.jobs["A-job"]).count(),
+        ),
+        _get(
+            "/jobs/<A-job>/model.json",
+            lambda w: f"/jobs/{w.jobs['A-job'].pk}/model.json",
+            frozenset(),
+        ),
+    ]
+
+
 def _project_endpoints(p: str) -> list[Endpoint]:
     members, pi = PROJECT_MEMBERS[p], PROJECT_PI[p]
     others = members - {pi}
@@ -454,6 +532,7 @@ ENDPOINTS: list[Endpoint] = [
     ),
     *(e for j in JOB_PROJECT for e in _job_endpoints(j)),
     *(e for i in ("A", "B", "C") for e in _institution_endpoints(i)),
+    *_sandbox_endpoints(),
     _get(
         "/admin/",
         lambda w: "/admin/",
