@@ -1,22 +1,45 @@
 """Site-side CSV ingest: validate, type, profile and encrypt a dataset version (imports no Django).
 
-Owns the CSV rules the sandbox shares with ``sandbox.loader`` (so both parse a file the same way):
-UTF-8 (a leading byte-order mark is ignored), comma delimiter, ``"`` quoting (``csv`` module,
-strict), a header row of unique non-empty names, every data row with as many fields as the
-header, fully blank lines skipped. A cell is missing when it is empty after stripping
-whitespace. Column types widen ``int`` → ``float`` → ``str`` as values are seen (ASCII decimal
-integers; decimals with optional exponent; finite values only); a column with no value is ``str``.
+Owns turning a steward's CSV file into one encrypted, immutable dataset version plus the
+metadata the portal may see (schema, counts, a disclosure-controlled profile). The CSV rules —
+encodings, delimiters, quoting, missing-value markers, types — live in ``sandbox.csvformat``,
+shared with ``sandbox.loader``.
 
-``ingest_csv`` reads the file twice, in constant memory: pass 1 validates, infers types and
-accumulates the profile (running sums, Welford 1962 "Note on a method for calculating corrected
-sums of squares and products", Technometrics 4(3)); pass 2 streams the original bytes through
-``sandbox.crypto.encrypt_stream`` into a temp file, which ``ObjectStore.put_file`` then stores
-atomically. Both passes hash the plaintext, so a file changed between them is refused.
+**One streaming pass, constant memory.** ``ingest_csv`` reads the file once, in blocks of about
+256 K characters of whole lines (``csvformat.RecordReader``): a block without quotes is cut into
+columns with one ``str.split``, a block with quotes goes through the ``csv`` module (C); each
+column of the block is then typed and profiled with whole-column operations (a character test
+on the joined column, ``float()`` through ``numpy.fromiter`` for numeric summaries, ``Counter``
+for categories) rather than per-cell Python code, and the canonical text of the block is
+encrypted straight away (``sandbox.crypto.encrypt_stream``) into a temp file of ciphertext,
+which ``ObjectStore.put_file`` stores atomically at the end. Memory is one block plus bounded
+category counts, whatever the file size; no plaintext touches disk.
 
-The profile holds no row and no rare value: counts 1..7 are shown as ``"≤7"``, larger counts
-are rounded to the nearest 5, numeric summaries are rounded to 3 significant figures and
-withheld when fewer than 8 values exist, and only categories seen more than 7 times are named
-(at most 20).
+**What is stored** (the plaintext inside the encrypted object)::
+
+    payload = canonical CSV || meta JSON || u32 len(meta) || b"\\n#FRP-CANONICAL-CSV/1\\n"
+
+The canonical CSV is UTF-8 without a byte-order mark, comma-delimited, ``"``-quoted: a
+comma-delimited source is its decoded text re-encoded as UTF-8 (records, quoting and line ends
+as in the file), any other source is re-written with ``csv.writer`` (``\\n`` line ends). The
+``meta`` trailer (``{"format": "frp-csv/1", "columns": [{"name", "type"}], "missing_values":
+[...], "rows": n}``) is what the loader needs to rebuild typed columns without knowing the
+source's encoding or delimiter; it sits at the end because types are known only after the last
+row, and it is authenticated with the rest. Objects stored before this format (the original CSV
+bytes, no trailer) are still read by the loader with the old rules.
+
+**The profile** holds no row and no rare value, following the output-checking ("SDC") rules of
+trusted research environments — the suppression and rounding OpenSAFELY applies to every
+released count (counts of 1..7 redacted, the rest rounded to the nearest 5; its
+``redact_small_numbers(n=7, rounding_base=5)``), in the spirit of the UK SDAP "Statistical
+Disclosure Control handbook for TREs" (Griffiths et al. 2019): every count ``c`` is shown as
+``0`` if ``c == 0``, ``"≤7"`` if ``1 <= c <= 7``, else ``c`` rounded to the nearest multiple of
+5 (``safe_count``); a category is named only when more than 7 rows hold it; numeric summaries
+are rounded to 3 significant figures and withheld when 7 or fewer values exist; date columns
+show only the first and last year. Running sums follow Welford 1962 ("Note on a method for
+calculating corrected sums of squares and products", Technometrics 4(3)) merged per batch with
+Chan, Golub & LeVeque 1979 ("Updating formulae and a pairwise algorithm for computing sample
+variances", Stanford CS tech. report STAN-CS-79-773).
 """
 
 from __future__ import annotations
@@ -25,29 +48,74 @@ import contextlib
 import csv
 import hashlib
 import io
+import json
 import math
 import os
 import re
 import tempfile
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
+import numpy as np
+
 from sandbox.crypto import KEY_BYTES, associated_data, encrypt_stream
+from sandbox.csvformat import (
+    ACCEPTS,
+    DEFAULT_MISSING_VALUES,
+    NUMERIC_TYPES,
+    SAMPLE_BYTES,
+    TYPES,
+    CellError,
+    CsvError,
+    RecordReader,
+    batch_kind,
+    check_delimiter,
+    classify_value,
+    decode_sample,
+    describe_type,
+    detect_delimiter,
+    encode_trailer,
+    first_misfit,
+    is_bool_batch,
+    is_date_batch,
+    locate_decode_error,
+    normalise_missing,
+    numeric_kind,
+    parses_as_float,
+    resolve_encoding,
+    strip_all,
+    widen,
+)
 from sandbox.storage import ObjectStore, validate_key
 
+__all__ = [
+    "ColumnStats",
+    "IngestError",
+    "IngestResult",
+    "classify_value",
+    "compute_profile",
+    "ingest_csv",
+    "read_csv",
+    "safe_count",
+    "store_key_for",
+    "widen",
+]
+
 SMALL_COUNT = 7
+ROUNDING_BASE = 5
 SUPPRESSED = "≤7"
 MAX_CATEGORIES = 20
 MAX_TRACKED_DISTINCT = 10_000
 MAX_CATEGORY_LENGTH = 100
-ENCODING = "utf-8-sig"
+ENCODING = "utf-8-sig"  # how objects stored before the canonical format are decoded
+PROFILE_FORMAT = 2
+PAYLOAD_FORMAT = "frp-csv/1"
 
-_INT = re.compile(r"[+-]?[0-9]+")
-_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
-_TYPE_ORDER = {"int": 0, "float": 1, "str": 2}
+_READ_BLOCK = 1 << 20
 
 
 class IngestError(Exception):
@@ -58,9 +126,15 @@ class IngestError(Exception):
 class IngestResult:
     """What the portal records about a dataset version (metadata only, never rows).
 
-    ``schema``: ``[{"name": str, "type": "int"|"float"|"str"}]`` in file order; ``size_bytes``
-    and ``ciphertext_sha256`` describe the stored (encrypted) object; ``profile``: see
-    ``compute_profile``.
+    ``schema``: ``[{"name": str, "type": "int"|"float"|"bool"|"date"|"str"}]`` in file order;
+    ``size_bytes`` and ``ciphertext_sha256`` describe the stored (encrypted) object;
+    ``profile``: see ``compute_profile``. How the source was read: ``encoding`` (Python codec
+    name, e.g. ``"utf-8"``, ``"utf-8-sig"``, ``"utf-16"``, ``"cp1252"``) and
+    ``encoding_source`` (``"declared"``, ``"bom"`` or ``"detected"``); ``delimiter``
+    (``","``, ``";"`` or ``"\\t"``) and ``delimiter_source`` (``"declared"``, ``"detected"`` or
+    ``"fallback"``); ``missing_values`` (the markers applied, stripped). ``source_bytes`` and
+    ``source_sha256`` identify the file that was read. The schema and markers are also stored
+    inside the encrypted object (module doc), so the loader needs none of these.
     """
 
     store_key: str
@@ -69,6 +143,13 @@ class IngestResult:
     size_bytes: int
     ciphertext_sha256: str
     profile: dict
+    encoding: str = "utf-8"
+    encoding_source: str = "detected"
+    delimiter: str = ","
+    delimiter_source: str = "detected"
+    missing_values: tuple[str, ...] = DEFAULT_MISSING_VALUES
+    source_bytes: int = 0
+    source_sha256: str = ""
 
 
 def store_key_for(*, site: str, dataset: str, version: int) -> str:
@@ -76,126 +157,203 @@ def store_key_for(*, site: str, dataset: str, version: int) -> str:
     return f"{site}/{dataset}/v{version}.csv.enc"
 
 
-def classify_value(value: str) -> str | None:
-    """Type of one cell: ``None`` if missing (blank), else ``"int"``, ``"float"`` or ``"str"``."""
-    text = value.strip()
-    if not text:
-        return None
-    if _INT.fullmatch(text):
-        return "int" if math.isfinite(float(text)) else "str"
-    if _FLOAT.fullmatch(text):
-        return "float" if math.isfinite(float(text)) else "str"
-    return "str"
-
-
-def widen(current: str | None, seen: str) -> str:
-    """The narrower-or-equal common type of ``current`` (``None`` = nothing seen) and ``seen``."""
-    if current is None:
-        return seen
-    return current if _TYPE_ORDER[current] >= _TYPE_ORDER[seen] else seen
-
-
-def read_csv(stream: TextIO) -> tuple[list[str], Iterator[list[str]]]:
+def read_csv(stream: TextIO, *, delimiter: str = ",") -> tuple[list[str], Iterator[list[str]]]:
     """Parse the header of ``stream`` (opened with ``newline=""``); return it and a row iterator.
 
     The iterator yields data rows (lists of raw field strings, blank lines skipped) and raises
-    ``IngestError`` on a ragged row (``"line 7: expected 31 fields, found 30"``), a CSV syntax
-    error or invalid UTF-8. Raises ``IngestError`` now for an empty file or a bad header
-    (empty or duplicate column names).
+    ``IngestError`` on a ragged row (``"line 7: expected 31 fields, found 30"``, the physical
+    line where the record starts) or a CSV syntax error. Raises ``IngestError`` now for an
+    empty file or a bad header (empty or duplicate column names).
     """
-    reader = csv.reader(stream, strict=True)
     try:
-        header = next(reader, None)
-    except (csv.Error, UnicodeDecodeError) as exc:
-        raise _parse_error(reader, exc) from None
-    if header is None:
-        raise IngestError("empty file: a header row is required")
-    names = [name.strip() for name in header]
-    if not any(names):
-        raise IngestError("line 1: the header row is empty")
-    first_seen: dict[str, int] = {}
-    for index, name in enumerate(names, start=1):
-        if not name:
-            raise IngestError(f"line 1, column {index}: empty column name")
-        if name in first_seen:
-            raise IngestError(
-                f"line 1: duplicate column name {name!r} (columns {first_seen[name]} and {index})"
-            )
-        first_seen[name] = index
-    return names, _rows(reader, len(names))
+        reader = RecordReader(stream, delimiter=delimiter)
+    except CsvError as exc:
+        raise IngestError(str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise IngestError(f"line 1: the text cannot be decoded ({exc.reason})") from None
 
-
-def _rows(reader, width: int) -> Iterator[list[str]]:
-    while True:
+    def rows() -> Iterator[list[str]]:
         try:
-            row = next(reader, None)
-        except (csv.Error, UnicodeDecodeError) as exc:
-            raise _parse_error(reader, exc) from None
-        if row is None:
-            return
-        if not row or (len(row) == 1 and not row[0].strip() and width > 1):
-            continue
-        if len(row) != width:
-            raise IngestError(f"line {reader.line_num}: expected {width} fields, found {len(row)}")
-        yield row
+            for batch in reader.batches():
+                yield from batch.rows
+        except CsvError as exc:
+            raise IngestError(str(exc)) from None
+        except UnicodeDecodeError as exc:
+            raise IngestError(f"the text cannot be decoded ({exc.reason})") from None
 
-
-def _parse_error(reader, exc: Exception) -> IngestError:
-    if isinstance(exc, UnicodeDecodeError):
-        return IngestError(f"near line {reader.line_num + 1}: not valid UTF-8 ({exc.reason})")
-    return IngestError(f"line {reader.line_num}: {exc}")
+    return reader.header, rows()
 
 
 @dataclass
 class ColumnStats:
-    """Running summary of one column (constant memory apart from bounded category counts)."""
+    """Running summary of one column (constant memory apart from bounded category counts).
+
+    ``declared`` is the steward's type override (``None``: infer). ``count``/``missing`` count
+    values and missing cells; ``numeric_count``, ``mean``, ``m2``, ``min``, ``max`` summarise the
+    values while the column is ``int``/``float``; ``first_date``/``last_date`` (ISO strings)
+    while it is ``date``; ``categories`` counts distinct values until there are more than
+    ``MAX_TRACKED_DISTINCT`` or one is longer than ``MAX_CATEGORY_LENGTH`` (then ``None``).
+    """
 
     name: str
     type: str | None = None
     missing: int = 0
     count: int = 0
+    numeric_count: int = 0
     mean: float = 0.0
     m2: float = 0.0
     min: float = math.inf
     max: float = -math.inf
-    categories: dict[str, int] | None = field(default_factory=dict)
+    categories: Counter | None = field(default_factory=Counter)
+    declared: str | None = None
+    first_date: str | None = None
+    last_date: str | None = None
+    _valid_dates: set[str] = field(default_factory=set, repr=False)
 
-    def add(self, raw: str) -> None:
-        """Account one cell (raw text)."""
-        kind = classify_value(raw)
-        if kind is None:
-            self.missing += 1
+    def add(self, raw: str, missing_values: Iterable[str] = DEFAULT_MISSING_VALUES) -> None:
+        """Account one cell (raw text). Raises ``CellError`` if it does not fit ``declared``."""
+        self.add_batch([raw], frozenset(missing_values))
+
+    def add_batch(
+        self, cells: Sequence[str], missing: frozenset[str] = frozenset(DEFAULT_MISSING_VALUES)
+    ) -> None:
+        """Account a batch of cells (raw text) of this column.
+
+        Raises ``CellError`` (with the index into ``cells``) at the first value that does not
+        fit ``declared``; the column's summaries are then unspecified (the ingest is aborted).
+        Category counts are kept only while the column is untyped, ``bool`` or ``str``; a
+        column that turns ``str`` after numeric or date values has none (``None``).
+        """
+        target = self.declared
+        current = self.type
+        hint = target or current
+        if hint in (None, "int", "float") and self._numbers_fast(cells, missing, target):
             return
-        value = raw.strip()
-        self.count += 1
-        if self.categories is not None:
-            if len(value) > MAX_CATEGORY_LENGTH:
-                self.categories = None
-            else:
-                self.categories[value] = self.categories.get(value, 0) + 1
-                if len(self.categories) > MAX_TRACKED_DISTINCT:
-                    self.categories = None
-        self.type = widen(self.type, kind)
-        if self.type != "str":
-            number = float(value)
-            delta = number - self.mean
-            self.mean += delta / self.count
-            self.m2 += delta * (number - self.mean)
-            self.min = min(self.min, number)
-            self.max = max(self.max, number)
+        values = strip_all(cells)
+        present = values if missing.isdisjoint(values) else [v for v in values if v not in missing]
+        self.missing += len(values) - len(present)
+        if not present:
+            return
+        self.count += len(present)
+        if hint == "str":
+            self.type = "str"
+            self._count_categories(present)
+            return
+        kind, numbers, distinct = _batch_kind(present, hint, self._valid_dates)
+        if target is not None:
+            if kind not in ACCEPTS[target]:
+                raise CellError(max(first_misfit(values, missing, target), 0), target)
+            new = target
+        else:
+            new = widen(current, kind)
+        self.type = new
+        if new in NUMERIC_TYPES and numbers is not None:
+            self._merge_numbers(numbers)
+        elif new == "date":
+            distinct = distinct if distinct is not None else set(present)
+            low, high = min(distinct), max(distinct)
+            self.first_date = low if self.first_date is None else min(self.first_date, low)
+            self.last_date = high if self.last_date is None else max(self.last_date, high)
+        else:  # bool or str
+            if current in ("int", "float", "date"):
+                self.categories = None  # the earlier values were not counted
+            self._count_categories(present)
+
+    def _numbers_fast(self, cells: Sequence[str], missing: frozenset[str], target) -> bool:
+        """Account a batch that is entirely numbers without stripping or set lookups: no missing
+        marker may be something ``float()`` accepts, ``numeric_kind`` must pass and every cell
+        must parse to a finite number (an empty or blank cell does not). ``False``: nothing was
+        counted, use the general path."""
+        if any(parses_as_float(marker) for marker in missing):
+            return False
+        quick = numeric_kind(cells)
+        if quick is None or (target is not None and quick not in ACCEPTS[target]):
+            return False
+        numbers = _parse_floats(cells)
+        if numbers is None:
+            return False
+        self.count += len(cells)
+        self.type = target or widen(self.type, quick)
+        self._merge_numbers(numbers)
+        return True
+
+    def _count_categories(self, present: Sequence[str]) -> None:
+        categories = self.categories
+        if categories is None:
+            return
+        before = len(categories)
+        categories.update(present)
+        grown = len(categories) != before
+        too_many = len(categories) > MAX_TRACKED_DISTINCT
+        if too_many or (grown and max(map(len, categories)) > MAX_CATEGORY_LENGTH):
+            self.categories = None
+
+    def _merge_numbers(self, numbers: np.ndarray) -> None:
+        # Chan, Golub & LeVeque 1979: combine (n, mean, M2) of the batch with the running ones.
+        n_b = len(numbers)
+        mean_b = float(numbers.mean())
+        m2_b = float(np.square(numbers - mean_b).sum())
+        n_a = self.numeric_count
+        total = n_a + n_b
+        delta = mean_b - self.mean
+        self.mean += delta * n_b / total
+        self.m2 += m2_b + delta * delta * n_a * n_b / total
+        self.numeric_count = total
+        self.min = min(self.min, float(numbers.min()))
+        self.max = max(self.max, float(numbers.max()))
 
     @property
     def final_type(self) -> str:
-        return self.type or "str"
+        return self.declared or self.type or "str"
+
+
+def _batch_kind(
+    present: Sequence[str], hint: str | None, valid_dates: set[str]
+) -> tuple[str, np.ndarray | None, set[str] | None]:
+    """``(kind, float values if numeric, distinct values if computed)`` of non-missing values.
+
+    Tries the cheap whole-batch test for the kind the column has so far (``hint``) first, then
+    classifies the distinct values one by one. ``valid_dates`` caches dates already validated
+    in this column (bounded), since a date column repeats the same few thousand days.
+    """
+    if hint in (None, "int", "float"):
+        quick = numeric_kind(present)
+        if quick is not None:
+            numbers = _parse_floats(present)
+            if numbers is not None:
+                return quick, numbers, None
+    distinct = set(present)
+    if hint in (None, "bool") and is_bool_batch(distinct):
+        return "bool", None, distinct
+    if hint in (None, "date"):
+        unseen = distinct - valid_dates
+        if is_date_batch(unseen):
+            if len(valid_dates) + len(unseen) > MAX_TRACKED_DISTINCT:
+                valid_dates.clear()
+            valid_dates.update(unseen)
+            return "date", None, distinct
+    kind = batch_kind(distinct) or "str"
+    if kind in NUMERIC_TYPES:
+        return kind, _parse_floats(present), distinct
+    return kind, None, distinct
+
+
+def _parse_floats(values: Sequence[str]) -> np.ndarray | None:
+    try:
+        numbers = np.fromiter(map(float, values), dtype=np.float64, count=len(values))
+    except ValueError:
+        return None
+    return numbers if bool(np.isfinite(numbers).all()) else None
 
 
 def safe_count(n: int) -> int | str:
-    """Disclosure-controlled count: 0 stays 0, 1..7 → ``"≤7"``, else rounded to the nearest 5."""
+    """Disclosure-controlled count (module doc): 0 stays 0, 1..7 → ``"≤7"``, else rounded to the
+    nearest multiple of 5 (halves up: 12 → 10, 13 → 15)."""
     if n == 0:
         return 0
     if n <= SMALL_COUNT:
         return SUPPRESSED
-    return (n + 2) // 5 * 5
+    return (n + ROUNDING_BASE // 2) // ROUNDING_BASE * ROUNDING_BASE
 
 
 def _sig3(x: float) -> float:
@@ -203,42 +361,61 @@ def _sig3(x: float) -> float:
 
 
 def compute_profile(columns: list[ColumnStats], row_count: int) -> dict:
-    """Build the suppressed profile from running column summaries.
+    """Build the disclosure-controlled profile from running column summaries.
 
-    Returns ``{"format": 1, "rows": safe_count(row_count), "columns": [per column]}``; each
-    column: ``{"name", "type", "missing", "count"}`` (``safe_count``) plus, for ``int``/``float``,
-    ``"mean", "std"`` (sample, n-1), ``"min", "max"`` to 3 significant figures (``None`` when
-    fewer than 8 values), and for ``str`` ``"categories": [{"value", "count"}]`` — only values
-    seen more than 7 times, at most 20, most frequent first — and ``"other"`` (``safe_count`` of
-    the remaining values); ``"categories"``/``"other"`` are ``None`` for free-text columns with
-    more than 10 000 distinct or over-long values. A list, not a dict, so order survives jsonb.
+    Returns ``{"format": 2, "rows": safe_count(row_count), "columns": [per column]}``; each
+    column: ``{"name", "type", "type_source" ("inferred"|"override"), "missing", "count"}``
+    (counts through ``safe_count``) plus
+
+    * ``int``/``float``: ``"mean", "std"`` (sample, n-1) to 3 significant figures, ``None`` when
+      7 or fewer values exist. No minimum or maximum: each is one record's value, which output
+      checking withholds (the ``ColumnStats`` keep them for validation only);
+    * ``str``/``bool``: ``"categories": [{"value", "count"}]`` — only values held by more than 7
+      rows, at most 20, most frequent first (``bool`` values as ``"true"``/``"false"``) — and
+      ``"other"`` (``safe_count`` of the remaining values); ``"categories"``/``"other"`` are
+      ``None`` for free-text columns with more than 10 000 distinct or over-long values;
+    * ``date``: ``"min_year", "max_year"`` (``None`` when 7 or fewer values exist).
+
+    A list, not a dict, so column order survives jsonb.
     """
     out = []
     for col in columns:
+        kind = col.final_type
         entry: dict = {
             "name": col.name,
-            "type": col.final_type,
+            "type": kind,
+            "type_source": "override" if col.declared else "inferred",
             "missing": safe_count(col.missing),
             "count": safe_count(col.count),
         }
-        if col.final_type in ("int", "float"):
-            enough = col.count > SMALL_COUNT
-            std = math.sqrt(col.m2 / (col.count - 1)) if col.count > 1 else 0.0
-            summary = {"mean": col.mean, "std": std, "min": col.min, "max": col.max}
+        enough = col.count > SMALL_COUNT
+        if kind in NUMERIC_TYPES:
+            n = col.numeric_count
+            std = math.sqrt(col.m2 / (n - 1)) if n > 1 else 0.0
+            summary = {"mean": col.mean, "std": std}
             for key, value in summary.items():
-                entry[key] = _sig3(value) if enough else None
+                entry[key] = _sig3(value) if enough and n and math.isfinite(value) else None
+        elif kind == "date":
+            entry["min_year"] = int(col.first_date[:4]) if enough and col.first_date else None
+            entry["max_year"] = int(col.last_date[:4]) if enough and col.last_date else None
         elif col.categories is None:
             entry["categories"] = None
             entry["other"] = None
         else:
+            counts: Mapping[str, int] = col.categories
+            if kind == "bool":
+                merged: Counter = Counter()
+                for value, count in col.categories.items():
+                    merged[value.lower()] += count
+                counts = merged
             frequent = sorted(
-                ((v, c) for v, c in col.categories.items() if c > SMALL_COUNT),
+                ((v, c) for v, c in counts.items() if c > SMALL_COUNT),
                 key=lambda item: (-item[1], item[0]),
             )[:MAX_CATEGORIES]
             entry["categories"] = [{"value": v, "count": safe_count(c)} for v, c in frequent]
             entry["other"] = safe_count(col.count - sum(c for _, c in frequent))
         out.append(entry)
-    return {"format": 1, "rows": safe_count(row_count), "columns": out}
+    return {"format": PROFILE_FORMAT, "rows": safe_count(row_count), "columns": out}
 
 
 class _HashingReader(io.RawIOBase):
@@ -261,6 +438,121 @@ class _HashingReader(io.RawIOBase):
         return len(data)
 
 
+class _BlockReader:
+    """A ``read(size)`` stream over an iterator of byte blocks (what ``encrypt_stream`` pulls)."""
+
+    def __init__(self, blocks: Iterator[bytes]) -> None:
+        self._blocks = blocks
+        self._buffer = bytearray()
+        self._done = False
+
+    def read(self, size: int = -1) -> bytes:
+        while not self._done and (size < 0 or len(self._buffer) < size):
+            try:
+                self._buffer += next(self._blocks)
+            except StopIteration:
+                self._done = True
+        if size < 0 or size >= len(self._buffer):
+            out = bytes(self._buffer)
+            self._buffer.clear()
+            return out
+        out = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        return out
+
+
+@dataclass
+class _Outcome:
+    schema: list[dict] = field(default_factory=list)
+    profile: dict = field(default_factory=dict)
+    row_count: int = 0
+
+
+def _canonical_payload(
+    text: TextIO,
+    *,
+    delimiter: str,
+    missing: tuple[str, ...],
+    overrides: dict[str, str],
+    outcome: _Outcome,
+) -> Iterator[bytes]:
+    """Yield the plaintext payload (module doc) block by block while validating and profiling.
+
+    Fills ``outcome`` once the last block (the trailer) has been produced. Raises
+    ``IngestError``, ``CsvError`` or ``UnicodeDecodeError`` (the caller adds the location).
+    """
+    pending: list[str] = []
+    passthrough = delimiter == ","
+    reader = RecordReader(text, delimiter=delimiter, tee=pending.append if passthrough else None)
+    names = reader.header
+    unknown = [name for name in overrides if name not in names]
+    if unknown:
+        raise IngestError(f"schema_override names column(s) not in the header: {unknown}")
+    stats = [ColumnStats(name=name, declared=overrides.get(name)) for name in names]
+    marker_set = frozenset(missing)
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    if not passthrough:
+        writer.writerow(names)
+    rows = 0
+    for batch in reader.batches():
+        for col, cells in zip(stats, batch.columns, strict=True):
+            try:
+                col.add_batch(cells, marker_set)
+            except CellError as exc:
+                raise IngestError(
+                    f"line {batch.line_of(exc.index)}, column {col.name!r}: value is not "
+                    f"{describe_type(exc.expected)} (the column's declared type is "
+                    f"{exc.expected!r})"
+                ) from None
+        rows += batch.n_rows
+        if passthrough:
+            chunk = "".join(pending)
+            pending.clear()
+        else:
+            writer.writerows(batch.rows)
+            chunk = out.getvalue()
+            out.seek(0)
+            out.truncate()
+        yield chunk.encode("utf-8")
+    if pending:
+        yield "".join(pending).encode("utf-8")
+    if rows == 0:
+        raise IngestError("no data rows after the header")
+    schema = [{"name": col.name, "type": col.final_type} for col in stats]
+    meta = {
+        "format": PAYLOAD_FORMAT,
+        "columns": schema,
+        "missing_values": list(missing),
+        "rows": rows,
+    }
+    outcome.schema = schema
+    outcome.profile = compute_profile(stats, rows)
+    outcome.row_count = rows
+    yield encode_trailer(json.dumps(meta, ensure_ascii=False).encode("utf-8"))
+
+
+def _check_override(schema_override: Mapping[str, str] | None) -> dict[str, str]:
+    if schema_override is None:
+        return {}
+    if not isinstance(schema_override, Mapping):
+        raise IngestError('schema_override must map column names to types, e.g. {"zip": "str"}')
+    out: dict[str, str] = {}
+    for name, kind in schema_override.items():
+        if not isinstance(name, str) or kind not in TYPES:
+            raise IngestError(
+                f"schema_override[{name!r}] = {kind!r}: the type must be one of {list(TYPES)}"
+            )
+        out[name.strip()] = kind
+    return out
+
+
+def _file_blocks(path: Path) -> Iterator[bytes]:
+    with open(path, "rb") as raw:
+        while block := raw.read(_READ_BLOCK):
+            yield block
+
+
 def ingest_csv(
     path: Path,
     *,
@@ -270,20 +562,32 @@ def ingest_csv(
     store: ObjectStore,
     kek: bytes,
     tmp_dir: Path | None = None,
+    encoding: str | None = None,
+    delimiter: str | None = None,
+    missing_values: Sequence[str] = DEFAULT_MISSING_VALUES,
+    schema_override: Mapping[str, str] | None = None,
 ) -> IngestResult:
-    """Validate, profile and encrypt the CSV at ``path`` into ``store`` as one dataset version.
+    """Validate, type, profile and encrypt the CSV at ``path`` into ``store`` as one version.
 
-    Stores the original CSV bytes encrypted (``sandbox.crypto``, associated data from ``site``,
-    ``dataset``, ``version``) under ``store_key_for(...)``. ``tmp_dir`` holds the ciphertext
-    while it is written (default: the system temp dir); the temp file is always removed.
-    Atomic: on any failure nothing is stored. Memory is constant in the file size (bounded
-    category counts aside).
+    ``encoding`` (a Python codec name) and ``delimiter`` (``","``, ``";"`` or ``"\\t"``) are
+    detected when not given (``sandbox.csvformat``); ``missing_values`` are the dataset's
+    missing-value markers (default only ``""``: declare ``("", "NA")`` to treat ``NA`` as
+    missing); ``schema_override`` maps column names to a type (``"int"``, ``"float"``,
+    ``"bool"``, ``"date"``, ``"str"``) that replaces inference, and every value must fit it.
 
-    Raises ``IngestError`` for a bad CSV (empty file, no data rows, bad header, ragged row,
-    invalid UTF-8, syntax error), an invalid site/dataset (slugs: letters, digits, ``-``,
-    ``_``) or version or KEK, an existing object
-    (versions are immutable) or a file changed during ingest; ``StorageError`` if the store
-    fails; ``OSError`` if ``path`` cannot be read.
+    Stores the canonical payload (module doc) encrypted (``sandbox.crypto``, associated data
+    from ``site``, ``dataset``, ``version``) under ``store_key_for(...)``. ``tmp_dir`` holds
+    the ciphertext while it is written (default: the system temp dir); the temp file is
+    always removed. One pass over the file; memory is constant in the file size. Atomic: on
+    any failure nothing is stored.
+
+    Raises ``IngestError`` for a bad CSV — empty file, no data rows, bad header, ragged row,
+    unclosed quote, undecodable bytes, a value that does not fit its override; the message
+    names the physical line and, where there is one, the column — for bad arguments (site/
+    dataset slugs: letters, digits, ``-``, ``_``; version; KEK; encoding; delimiter; missing
+    values; override types or unknown override columns) and for an existing object (versions
+    are immutable); ``StorageError`` if the store fails; ``OSError`` if ``path`` cannot be
+    read.
     """
     if not isinstance(version, int) or isinstance(version, bool) or version < 0:
         raise IngestError(f"dataset version must be a non-negative integer, got {version!r}")
@@ -296,47 +600,71 @@ def ingest_csv(
     validate_key(store_key)
     if not isinstance(kek, bytes | bytearray) or len(kek) != KEY_BYTES:
         raise IngestError(f"the site key must be {KEY_BYTES} bytes")
+    overrides = _check_override(schema_override)
+    try:
+        missing = normalise_missing(missing_values)
+        if delimiter is not None:
+            check_delimiter(delimiter)
+        with open(path, "rb") as raw:
+            sample = raw.read(SAMPLE_BYTES)
+        codec, encoding_source = resolve_encoding(encoding, sample)
+    except CsvError as exc:
+        raise IngestError(str(exc)) from None
+    if delimiter is None:
+        delimiter, delimiter_source = detect_delimiter(decode_sample(sample, codec))
+    else:
+        delimiter_source = "declared"
     if store.exists(store_key):
         raise IngestError(
             f"{store_key} already exists in {store.url}: dataset versions are immutable"
         )
 
-    # Pass 1: validate, infer types, profile.
-    with open(path, "rb") as raw:
-        hashed = _HashingReader(raw)
-        text = io.TextIOWrapper(io.BufferedReader(hashed), encoding=ENCODING, newline="")
-        names, rows = read_csv(text)
-        stats = [ColumnStats(name=name) for name in names]
-        row_count = 0
-        for row in rows:
-            row_count += 1
-            for col, cell in zip(stats, row, strict=True):
-                col.add(cell)
-        plain_sha256, plain_size = hashed.digest.hexdigest(), hashed.size
-    if row_count == 0:
-        raise IngestError("no data rows after the header")
-
-    # Pass 2: encrypt the same bytes into a temp file, then store atomically.
     aad = associated_data(site=site, dataset=dataset, version=version)
+    outcome = _Outcome()
     fd, tmp_name = tempfile.mkstemp(prefix=".frp-ingest-", suffix=".enc", dir=tmp_dir)
     try:
         with os.fdopen(fd, "wb") as sink, open(path, "rb") as raw:
             hashed = _HashingReader(raw)
-            result = encrypt_stream(kek=kek, aad=aad, source=io.BufferedReader(hashed), sink=sink)
+            text = io.TextIOWrapper(
+                io.BufferedReader(hashed, _READ_BLOCK), encoding=codec, errors="strict", newline=""
+            )
+            payload = _canonical_payload(
+                text, delimiter=delimiter, missing=missing, overrides=overrides, outcome=outcome
+            )
+            result = encrypt_stream(kek=kek, aad=aad, source=_BlockReader(payload), sink=sink)
             sink.flush()
             os.fsync(sink.fileno())
-        if (hashed.digest.hexdigest(), hashed.size) != (plain_sha256, plain_size):
-            raise IngestError(f"{Path(path).name} changed during ingest; ingest it again")
         store.put_file(store_key, Path(tmp_name))
+    except CsvError as exc:
+        raise IngestError(str(exc)) from None
+    except UnicodeDecodeError as exc:
+        where = locate_decode_error(_file_blocks(Path(path)), codec, delimiter)
+        if encoding_source == "declared":
+            hint = ""
+        elif codec == "cp1252":
+            hint = "; the file is neither UTF-8 nor cp1252: declare its encoding"
+        else:
+            hint = "; declare the file's encoding (e.g. encoding='cp1252')"
+        raise IngestError(
+            f"{where}: bytes that are not valid {codec} ({exc.reason}; encoding "
+            f"{encoding_source}){hint}"
+        ) from None
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
 
     return IngestResult(
         store_key=store_key,
-        schema=[{"name": col.name, "type": col.final_type} for col in stats],
-        row_count=row_count,
+        schema=outcome.schema,
+        row_count=outcome.row_count,
         size_bytes=result.ciphertext_bytes,
         ciphertext_sha256=result.sha256,
-        profile=compute_profile(stats, row_count),
+        profile=outcome.profile,
+        encoding=codec,
+        encoding_source=encoding_source,
+        delimiter=delimiter,
+        delimiter_source=delimiter_source,
+        missing_values=missing,
+        source_bytes=hashed.size,
+        source_sha256=hashed.digest.hexdigest(),
     )

@@ -1,10 +1,13 @@
 """Site-side loader the Flower ClientApp uses to read its own dataset (imports no Django).
 
 Owns turning a stored, encrypted dataset version into training arrays: fetch the object, decrypt
-it whole in memory (plaintext never touches disk), parse it with the CSV rules of
-``sandbox.ingest`` (same typing, so the table matches the schema recorded at ingest), and build
+it whole in memory (plaintext never touches disk), parse the canonical CSV that
+``sandbox.ingest`` stored with the schema and missing-value markers stored beside it in the same
+encrypted payload (see ``sandbox.ingest``; no encoding or delimiter knowledge needed), and build
 ``X``/``y`` and a deterministic stratified train/test split with numpy only — no pandas or
-scikit-learn import, since the ClientApp pays every import on every Flower message.
+scikit-learn import, since the ClientApp pays every import on every Flower message. Objects
+stored before the canonical format (the original UTF-8 CSV bytes) are parsed with the rules of
+that time: empty cells missing, types ``int``/``float``/``str`` inferred.
 
 Every failure raises ``LoaderError`` whose message names the object key or column but never a
 site file path, store host or data value, because ClientApp errors travel to the ServerApp
@@ -14,16 +17,33 @@ site file path, store host or data value, because ClientApp errors travel to the
 from __future__ import annotations
 
 import io
+import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 import numpy as np
 
-from sandbox.crypto import CryptoError, associated_data, decrypt_all
-from sandbox.ingest import ENCODING, IngestError, classify_value, read_csv, widen
+from sandbox.crypto import CryptoError, associated_data, decrypt_stream
+from sandbox.csvformat import (
+    DEFAULT_MISSING_VALUES,
+    NUMERIC_TYPES,
+    TYPES,
+    CsvError,
+    RecordReader,
+    batch_kind,
+    parses_as_float,
+    split_trailer,
+    strip_all,
+)
 from sandbox.storage import ObjectStore, StorageError
 
 logger = logging.getLogger(__name__)
+
+LEGACY_ENCODING = "utf-8-sig"
+LEGACY_TYPES = ("int", "float", "str")
+PAYLOAD_FORMAT = "frp-csv/1"
 
 
 class LoaderError(Exception):
@@ -35,8 +55,9 @@ class Table:
     """A decrypted dataset in columns.
 
     ``columns``: names in file order; ``data[name]``: ``(n,)`` array — ``float64`` for ``int`` and
-    ``float`` columns (missing → ``nan``), ``object`` of ``str`` for ``str`` columns (missing →
-    ``None``); ``types[name]``: ``"int"``, ``"float"`` or ``"str"`` as inferred at ingest.
+    ``float`` columns (missing → ``nan``), ``object`` of ``str`` for ``str`` columns and of
+    ``bool`` for ``bool`` columns (missing → ``None``), ``datetime64[D]`` for ``date`` columns
+    (missing → ``NaT``); ``types[name]``: the column's type as recorded at ingest.
     """
 
     columns: list[str]
@@ -50,7 +71,7 @@ class Table:
 
     def numeric_columns(self) -> list[str]:
         """Names of the ``int`` and ``float`` columns, in file order."""
-        return [name for name in self.columns if self.types.get(name) in ("int", "float")]
+        return [name for name in self.columns if self.types.get(name) in NUMERIC_TYPES]
 
 
 def load_table(
@@ -59,16 +80,17 @@ def load_table(
     """Fetch ``store_key``, decrypt it in memory with ``kek`` and parse it into a ``Table``.
 
     ``site``/``dataset``/``version`` must be those the object was ingested under (they form
-    the associated data). Memory: ciphertext stream + plaintext + parsed columns.
+    the associated data). Memory: the plaintext (one buffer, filled chunk by chunk) plus the
+    parsed columns plus one batch of parsing.
 
     Raises ``LoaderError`` if the object is missing or unreadable, fails to decrypt or
     authenticate (wrong key, wrong site/dataset/version, tampered or truncated), or is not a
-    valid CSV.
+    valid dataset payload.
     """
     try:
         aad = associated_data(site=site, dataset=dataset, version=version)
         with store.open(store_key) as stream:
-            plaintext = decrypt_all(kek=kek, aad=aad, source=stream)
+            plaintext = _decrypt(kek=kek, aad=aad, source=stream)
     except StorageError as exc:
         # The store's message may name site paths or hosts: log it here, send a clean one on.
         logger.warning("cannot read dataset object %r: %s", store_key, exc)
@@ -78,44 +100,219 @@ def load_table(
     except CryptoError as exc:
         raise LoaderError(f"cannot decrypt dataset object {store_key!r}: {exc}") from None
     try:
-        text = plaintext.decode(ENCODING)
-    except UnicodeDecodeError:
-        raise LoaderError(f"dataset object {store_key!r} is not valid UTF-8") from None
-    del plaintext
-    return parse_table(text, where=store_key)
+        return parse_payload(plaintext, where=store_key)
+    finally:
+        del plaintext
 
 
-def parse_table(text: str, *, where: str = "dataset") -> Table:
-    """Parse CSV text into a ``Table`` with ``sandbox.ingest`` rules. Raises ``LoaderError``."""
+def _decrypt(*, kek: bytes, aad: bytes, source: BinaryIO) -> bytearray:
+    """All-or-nothing decryption into one buffer (``crypto.decrypt_all`` without its final copy):
+    on any failure the partial plaintext is overwritten and ``CryptoError`` propagates."""
+    buffer = bytearray()
     try:
-        names, rows = read_csv(io.StringIO(text, newline=""))
-        cells: list[list[str]] = [[] for _ in names]
-        for row in rows:
-            for column, cell in zip(cells, row, strict=True):
-                column.append(cell)
-    except IngestError as exc:
+        for chunk in decrypt_stream(kek=kek, aad=aad, source=source):
+            buffer += chunk
+    except BaseException:
+        buffer[:] = bytes(len(buffer))
+        raise
+    return buffer
+
+
+class _ViewReader(io.RawIOBase):
+    """Raw reader over a memoryview (no copy of the whole payload)."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view = view
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = min(len(buffer), len(self._view) - self._pos)
+        buffer[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+
+def _text(view: memoryview, encoding: str) -> io.TextIOWrapper:
+    return io.TextIOWrapper(
+        io.BufferedReader(_ViewReader(view), 1 << 20),
+        encoding=encoding,
+        errors="strict",
+        newline="",
+    )
+
+
+def parse_payload(payload: bytes | bytearray | memoryview, *, where: str = "dataset") -> Table:
+    """Parse a decrypted payload (canonical CSV + trailer, or a legacy CSV) into a ``Table``.
+
+    Raises ``LoaderError`` if the trailer is malformed, the CSV does not match it (header, row
+    count, a value that does not fit its type) or, for a legacy object, the CSV is invalid.
+    """
+    view = memoryview(payload)
+    split = split_trailer(view)
+    if split is None:
+        return _parse(
+            _text(view, LEGACY_ENCODING),
+            where=where,
+            schema=None,
+            missing=DEFAULT_MISSING_VALUES,
+            allowed=LEGACY_TYPES,
+        )
+    start, raw_meta = split
+    try:
+        meta = json.loads(raw_meta)
+        if meta.get("format") != PAYLOAD_FORMAT:
+            raise ValueError(f"unknown payload format {meta.get('format')!r}")
+        schema = [(str(c["name"]), str(c["type"])) for c in meta["columns"]]
+        missing = tuple(str(m) for m in meta["missing_values"])
+        rows = int(meta["rows"])
+        if any(kind not in TYPES for _, kind in schema):
+            raise ValueError("unknown column type")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise LoaderError(f"{where}: malformed dataset payload ({exc})") from None
+    table = _parse(
+        _text(view[:start], "utf-8"), where=where, schema=schema, missing=missing, allowed=TYPES
+    )
+    if table.n_rows != rows:
+        raise LoaderError(f"{where}: {table.n_rows} rows parsed but {rows} recorded at ingest")
+    return table
+
+
+def parse_table(
+    text: str,
+    *,
+    where: str = "dataset",
+    missing_values: Sequence[str] = DEFAULT_MISSING_VALUES,
+    delimiter: str = ",",
+) -> Table:
+    """Parse CSV text into a ``Table``, inferring types with the ``sandbox.csvformat`` rules.
+
+    Raises ``LoaderError`` for an invalid CSV.
+    """
+    return _parse(
+        io.StringIO(text, newline=""),
+        where=where,
+        schema=None,
+        missing=tuple(m.strip() for m in missing_values),
+        allowed=TYPES,
+        delimiter=delimiter,
+    )
+
+
+def _parse(
+    stream,
+    *,
+    where: str,
+    schema: list[tuple[str, str]] | None,
+    missing: tuple[str, ...],
+    allowed: tuple[str, ...],
+    delimiter: str = ",",
+) -> Table:
+    marker_set = frozenset(missing)
+    try:
+        reader = RecordReader(stream, delimiter=delimiter)
+        names = reader.header
+        if schema is not None and names != [name for name, _ in schema]:
+            raise LoaderError(f"{where}: the header does not match the schema recorded at ingest")
+        builders: list[_Column] = [
+            _Column(kind if schema is not None else None, marker_set)
+            for kind in ([k for _, k in schema] if schema is not None else names)
+        ]
+        for batch in reader.batches():
+            for builder, cells in zip(builders, batch.columns, strict=True):
+                builder.add(cells)
+    except CsvError as exc:
         raise LoaderError(f"{where}: {exc}") from None
+    except UnicodeDecodeError:
+        raise LoaderError(f"{where}: the dataset is not valid text") from None
+    except ValueError:
+        raise LoaderError(f"{where}: a value does not fit its column's recorded type") from None
     data: dict[str, np.ndarray] = {}
     types: dict[str, str] = {}
-    for name, values in zip(names, cells, strict=True):
-        kind: str | None = None
-        for value in values:
-            seen = classify_value(value)
-            if seen is not None:
-                kind = widen(kind, seen)
-                if kind == "str":
-                    break
-        kind = kind or "str"
-        types[name] = kind
-        if kind == "str":
-            column = np.empty(len(values), dtype=object)
-            column[:] = [value.strip() or None for value in values]
-        else:
-            column = np.array(
-                [float(value) if value.strip() else np.nan for value in values], dtype=np.float64
-            )
-        data[name] = column
+    for name, builder in zip(names, builders, strict=True):
+        try:
+            types[name], data[name] = builder.finish(allowed)
+        except ValueError:
+            raise LoaderError(
+                f"{where}: column {name!r} holds a value that is not of its recorded type"
+            ) from None
     return Table(columns=list(names), data=data, types=types)
+
+
+class _Column:
+    """Builds one column's array batch by batch (``kind`` known) or at the end (inferred)."""
+
+    def __init__(self, kind: str | None, missing: frozenset[str]) -> None:
+        self.kind = kind
+        self.missing = missing
+        # A marker float() accepts (e.g. "-999", "inf") must be looked up in every batch.
+        self.numeric_markers = any(parses_as_float(m) for m in missing)
+        self.parts: list[np.ndarray] = []
+        self.values: list = []
+
+    def add(self, cells: Sequence[str]) -> None:
+        kind = self.kind
+        if kind is None:
+            self.values.extend(cells)
+        elif kind in NUMERIC_TYPES:
+            self.parts.append(self._numbers(cells))
+        else:
+            values = strip_all(cells)
+            missing = self.missing
+            clean = missing.isdisjoint(values)
+            if kind == "str":
+                self.values.extend(
+                    values if clean else [None if v in missing else v for v in values]
+                )
+            elif kind == "bool":
+                lowered = list(map(str.lower, values))
+                if clean:
+                    self.values.extend([v == "true" for v in lowered])
+                else:
+                    flags = zip(values, lowered, strict=True)
+                    self.values.extend([None if v in missing else w == "true" for v, w in flags])
+            else:  # date
+                dates = values if clean else ["NaT" if v in missing else v for v in values]
+                self.parts.append(np.array(dates, dtype="datetime64[D]"))
+
+    def _numbers(self, cells: Sequence[str]) -> np.ndarray:
+        if not self.numeric_markers and all(cells):
+            # No cell is empty and no marker is a number: a batch without missing cells
+            # parses as it is (float() ignores surrounding whitespace); otherwise look up.
+            try:
+                return np.fromiter(map(float, cells), dtype=np.float64, count=len(cells))
+            except ValueError:
+                pass
+        values = strip_all(cells)
+        missing = self.missing
+        if not missing.isdisjoint(values):
+            values = ["nan" if v in missing else v for v in values]
+        return np.fromiter(map(float, values), dtype=np.float64, count=len(values))
+
+    def finish(self, allowed: tuple[str, ...]) -> tuple[str, np.ndarray]:
+        """``(type, array)``; raises ``ValueError`` if a value does not fit the type."""
+        if self.kind is None:
+            self.kind = self._infer(allowed)
+            cells, self.values = self.values, []
+            self.add(cells)
+        kind = self.kind
+        if kind in NUMERIC_TYPES:
+            return kind, (np.concatenate(self.parts) if self.parts else np.empty(0))
+        if kind == "date":
+            return kind, (
+                np.concatenate(self.parts) if self.parts else np.empty(0, dtype="datetime64[D]")
+            )
+        column = np.empty(len(self.values), dtype=object)
+        column[:] = self.values
+        return kind, column
+
+    def _infer(self, allowed: tuple[str, ...]) -> str:
+        present = {v for v in strip_all(self.values) if v not in self.missing}
+        kind = batch_kind(present) or "str"
+        return kind if kind in allowed else "str"
 
 
 def load_xy(

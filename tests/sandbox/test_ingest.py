@@ -10,6 +10,7 @@ import math
 import pytest
 
 from sandbox.crypto import associated_data, decrypt_all
+from sandbox.csvformat import split_trailer
 from sandbox.ingest import (
     IngestError,
     classify_value,
@@ -82,7 +83,7 @@ def test_ingest_records_schema_rows_and_hash(tmp_path, store, kek, staging):
     assert list(staging.iterdir()) == []
 
 
-def test_stored_object_is_the_encrypted_original_bytes(tmp_path, store, kek, staging):
+def test_stored_object_is_the_encrypted_canonical_payload(tmp_path, store, kek, staging):
     src = tmp_path / "cohort.csv"
     src.write_text(_cohort_csv())
 
@@ -92,7 +93,17 @@ def test_stored_object_is_the_encrypted_original_bytes(tmp_path, store, kek, sta
     assert CANARY.encode() not in stored
     assert b"age,bmi" not in stored
     aad = associated_data(site="hospital-a", dataset="cohort", version=1)
-    assert decrypt_all(kek=kek, aad=aad, source=io.BytesIO(stored)) == src.read_bytes()
+    payload = decrypt_all(kek=kek, aad=aad, source=io.BytesIO(stored))
+    start, meta = split_trailer(payload)
+    assert payload[:start] == src.read_bytes()  # a UTF-8 comma CSV is stored as it is
+    assert json.loads(meta) == {
+        "format": "frp-csv/1",
+        "columns": result.schema,
+        "missing_values": [""],
+        "rows": 40,
+    }
+    assert result.source_bytes == len(src.read_bytes())
+    assert result.source_sha256 == hashlib.sha256(src.read_bytes()).hexdigest()
 
 
 def test_profile_suppresses_small_counts_and_rare_values(tmp_path, store, kek, staging):
@@ -116,8 +127,7 @@ def test_profile_suppresses_small_counts_and_rare_values(tmp_path, store, kek, s
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
     assert bmi["mean"] == float(f"{mean:.3g}")
     assert bmi["std"] == float(f"{std:.3g}")
-    assert (bmi["min"], bmi["max"]) == (18.5, 28.2)  # 28.25 to 3 significant figures
-    assert columns["age"]["max"] == 59.0
+    assert "min" not in bmi and "max" not in bmi  # single-record values are never released
     text = json.dumps(profile, ensure_ascii=False)
     assert CANARY not in text
     assert "rare3" not in text
@@ -131,7 +141,7 @@ def test_profile_withholds_summaries_of_tiny_columns(tmp_path, store, kek, stagi
 
     x, y = profile["columns"]
     assert x["count"] == "≤7"
-    assert x["mean"] is None and x["min"] is None and x["max"] is None
+    assert x["mean"] is None and x["std"] is None
     assert y["categories"] == []
     assert y["other"] == "≤7"
     assert '"a"' not in json.dumps(profile)
@@ -230,13 +240,19 @@ def test_bad_csv_is_refused(tmp_path, store, kek, staging, content, message):
     assert list(staging.iterdir()) == []
 
 
-def test_invalid_utf8_is_refused(tmp_path, store, kek, staging):
-    src = tmp_path / "latin1.csv"
-    src.write_bytes("name\nJos\xe9\n".encode("latin-1"))
+def test_invalid_utf8_after_the_sample_names_line_and_column(tmp_path, store, kek, staging):
+    src = tmp_path / "late.csv"
+    rows = [f"{i},ok" for i in range(9000)]  # > 64 KiB of valid UTF-8 first
+    src.write_bytes(("id,name\n" + "\n".join(rows) + "\n").encode() + b"9000,Jos\xe9\n")
 
-    with pytest.raises(IngestError, match="UTF-8"):
+    with pytest.raises(IngestError) as info:
         _ingest(src, store, kek, staging)
+
+    message = str(info.value)
+    assert message.startswith("line 9002, column 'name': bytes that are not valid utf-8")
+    assert "encoding='cp1252'" in message
     assert _objects(store) == []
+    assert list(staging.iterdir()) == []
 
 
 def test_failed_put_leaves_no_object_and_no_temp_file(tmp_path, store, kek, staging, monkeypatch):

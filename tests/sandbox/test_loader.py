@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -10,8 +11,17 @@ import numpy as np
 import pytest
 
 from sandbox.crypto import generate_key
+from sandbox.csvformat import encode_trailer
 from sandbox.ingest import ingest_csv
-from sandbox.loader import LoaderError, Table, load_table, load_xy, parse_table, train_test_split
+from sandbox.loader import (
+    LoaderError,
+    Table,
+    load_table,
+    load_xy,
+    parse_payload,
+    parse_table,
+    train_test_split,
+)
 from sandbox.storage import FilesystemStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,3 +214,36 @@ def test_loader_imports_no_django_and_no_heavy_libraries():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )
     assert out.stdout.strip() == ""
+
+
+def test_parse_payload_refuses_a_malformed_trailer():
+    bad_format = encode_trailer(json.dumps({"format": "other/9"}).encode())
+    with pytest.raises(LoaderError, match="malformed dataset payload"):
+        parse_payload(b"a\n1\n" + bad_format, where="k")
+
+
+def test_parse_payload_refuses_a_header_that_does_not_match_the_schema():
+    meta = {
+        "format": "frp-csv/1",
+        "columns": [{"name": "b", "type": "int"}],
+        "missing_values": [""],
+        "rows": 1,
+    }
+    with pytest.raises(LoaderError, match="header does not match"):
+        parse_payload(b"a\n1\n" + encode_trailer(json.dumps(meta).encode()), where="k")
+
+
+def test_parse_payload_uses_the_stored_types_and_markers():
+    meta = {
+        "format": "frp-csv/1",
+        "columns": [{"name": "zip", "type": "str"}, {"name": "n", "type": "float"}],
+        "missing_values": ["", "-999"],
+        "rows": 3,
+    }
+    payload = b"zip,n\n01234,1\n-999,-999\n,2.5\n" + encode_trailer(json.dumps(meta).encode())
+
+    table = parse_payload(payload)
+
+    assert table.types == {"zip": "str", "n": "float"}
+    assert table.data["zip"].tolist() == ["01234", None, None]
+    assert np.isnan(table.data["n"][1]) and table.data["n"][2] == 2.5
