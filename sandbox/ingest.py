@@ -3,7 +3,8 @@
 Owns turning a steward's CSV file into one encrypted, immutable dataset version plus the
 metadata the portal may see (schema, counts, a disclosure-controlled profile). The CSV rules —
 encodings, delimiters, quoting, missing-value markers, types — live in ``sandbox.csvformat``,
-shared with ``sandbox.loader``.
+shared with ``sandbox.loader``; the column statistics and the disclosure-controlled profile live in
+``sandbox.profile``.
 
 **One streaming pass, constant memory.** ``ingest_csv`` reads the file once, in blocks of about
 256 K characters of whole lines (``csvformat.RecordReader``): a block without quotes is cut into
@@ -49,46 +50,34 @@ import csv
 import hashlib
 import io
 import json
-import math
 import os
 import re
 import tempfile
-from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
-import numpy as np
-
 from sandbox.crypto import KEY_BYTES, associated_data, encrypt_stream
 from sandbox.csvformat import (
-    ACCEPTS,
     DEFAULT_MISSING_VALUES,
-    NUMERIC_TYPES,
     SAMPLE_BYTES,
     TYPES,
     CellError,
     CsvError,
     RecordReader,
-    batch_kind,
     check_delimiter,
     classify_value,
     decode_sample,
     describe_type,
     detect_delimiter,
     encode_trailer,
-    first_misfit,
-    is_bool_batch,
-    is_date_batch,
     locate_decode_error,
     normalise_missing,
-    numeric_kind,
-    parses_as_float,
     resolve_encoding,
-    strip_all,
     widen,
 )
+from sandbox.profile import ColumnStats, compute_profile, safe_count
 from sandbox.storage import ObjectStore, validate_key
 
 __all__ = [
@@ -104,14 +93,7 @@ __all__ = [
     "widen",
 ]
 
-SMALL_COUNT = 7
-ROUNDING_BASE = 5
-SUPPRESSED = "≤7"
-MAX_CATEGORIES = 20
-MAX_TRACKED_DISTINCT = 10_000
-MAX_CATEGORY_LENGTH = 100
 ENCODING = "utf-8-sig"  # how objects stored before the canonical format are decoded
-PROFILE_FORMAT = 2
 PAYLOAD_FORMAT = "frp-csv/1"
 
 _SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
@@ -182,240 +164,6 @@ def read_csv(stream: TextIO, *, delimiter: str = ",") -> tuple[list[str], Iterat
             raise IngestError(f"the text cannot be decoded ({exc.reason})") from None
 
     return reader.header, rows()
-
-
-@dataclass
-class ColumnStats:
-    """Running summary of one column (constant memory apart from bounded category counts).
-
-    ``declared`` is the steward's type override (``None``: infer). ``count``/``missing`` count
-    values and missing cells; ``numeric_count``, ``mean``, ``m2``, ``min``, ``max`` summarise the
-    values while the column is ``int``/``float``; ``first_date``/``last_date`` (ISO strings)
-    while it is ``date``; ``categories`` counts distinct values until there are more than
-    ``MAX_TRACKED_DISTINCT`` or one is longer than ``MAX_CATEGORY_LENGTH`` (then ``None``).
-    """
-
-    name: str
-    type: str | None = None
-    missing: int = 0
-    count: int = 0
-    numeric_count: int = 0
-    mean: float = 0.0
-    m2: float = 0.0
-    min: float = math.inf
-    max: float = -math.inf
-    categories: Counter | None = field(default_factory=Counter)
-    declared: str | None = None
-    first_date: str | None = None
-    last_date: str | None = None
-    _valid_dates: set[str] = field(default_factory=set, repr=False)
-
-    def add(self, raw: str, missing_values: Iterable[str] = DEFAULT_MISSING_VALUES) -> None:
-        """Account one cell (raw text). Raises ``CellError`` if it does not fit ``declared``."""
-        self.add_batch([raw], frozenset(missing_values))
-
-    def add_batch(
-        self, cells: Sequence[str], missing: frozenset[str] = frozenset(DEFAULT_MISSING_VALUES)
-    ) -> None:
-        """Account a batch of cells (raw text) of this column.
-
-        Raises ``CellError`` (with the index into ``cells``) at the first value that does not
-        fit ``declared``; the column's summaries are then unspecified (the ingest is aborted).
-        Category counts are kept only while the column is untyped, ``bool`` or ``str``; a
-        column that turns ``str`` after numeric or date values has none (``None``).
-        """
-        target = self.declared
-        current = self.type
-        hint = target or current
-        if hint in (None, "int", "float") and self._numbers_fast(cells, missing, target):
-            return
-        values = strip_all(cells)
-        present = values if missing.isdisjoint(values) else [v for v in values if v not in missing]
-        self.missing += len(values) - len(present)
-        if not present:
-            return
-        self.count += len(present)
-        if hint == "str":
-            self.type = "str"
-            self._count_categories(present)
-            return
-        kind, numbers, distinct = _batch_kind(present, hint, self._valid_dates)
-        if target is not None:
-            if kind not in ACCEPTS[target]:
-                raise CellError(max(first_misfit(values, missing, target), 0), target)
-            new = target
-        else:
-            new = widen(current, kind)
-        self.type = new
-        if new in NUMERIC_TYPES and numbers is not None:
-            self._merge_numbers(numbers)
-        elif new == "date":
-            distinct = distinct if distinct is not None else set(present)
-            low, high = min(distinct), max(distinct)
-            self.first_date = low if self.first_date is None else min(self.first_date, low)
-            self.last_date = high if self.last_date is None else max(self.last_date, high)
-        else:  # bool or str
-            if current in ("int", "float", "date"):
-                self.categories = None  # the earlier values were not counted
-            self._count_categories(present)
-
-    def _numbers_fast(self, cells: Sequence[str], missing: frozenset[str], target) -> bool:
-        """Account a batch that is entirely numbers without stripping or set lookups: no missing
-        marker may be something ``float()`` accepts, ``numeric_kind`` must pass and every cell
-        must parse to a finite number (an empty or blank cell does not). ``False``: nothing was
-        counted, use the general path."""
-        if any(parses_as_float(marker) for marker in missing):
-            return False
-        quick = numeric_kind(cells)
-        if quick is None or (target is not None and quick not in ACCEPTS[target]):
-            return False
-        numbers = _parse_floats(cells)
-        if numbers is None:
-            return False
-        self.count += len(cells)
-        self.type = target or widen(self.type, quick)
-        self._merge_numbers(numbers)
-        return True
-
-    def _count_categories(self, present: Sequence[str]) -> None:
-        categories = self.categories
-        if categories is None:
-            return
-        before = len(categories)
-        categories.update(present)
-        grown = len(categories) != before
-        too_many = len(categories) > MAX_TRACKED_DISTINCT
-        if too_many or (grown and max(map(len, categories)) > MAX_CATEGORY_LENGTH):
-            self.categories = None
-
-    def _merge_numbers(self, numbers: np.ndarray) -> None:
-        # Chan, Golub & LeVeque 1979: combine (n, mean, M2) of the batch with the running ones.
-        n_b = len(numbers)
-        mean_b = float(numbers.mean())
-        m2_b = float(np.square(numbers - mean_b).sum())
-        n_a = self.numeric_count
-        total = n_a + n_b
-        delta = mean_b - self.mean
-        self.mean += delta * n_b / total
-        self.m2 += m2_b + delta * delta * n_a * n_b / total
-        self.numeric_count = total
-        self.min = min(self.min, float(numbers.min()))
-        self.max = max(self.max, float(numbers.max()))
-
-    @property
-    def final_type(self) -> str:
-        return self.declared or self.type or "str"
-
-
-def _batch_kind(
-    present: Sequence[str], hint: str | None, valid_dates: set[str]
-) -> tuple[str, np.ndarray | None, set[str] | None]:
-    """``(kind, float values if numeric, distinct values if computed)`` of non-missing values.
-
-    Tries the cheap whole-batch test for the kind the column has so far (``hint``) first, then
-    classifies the distinct values one by one. ``valid_dates`` caches dates already validated
-    in this column (bounded), since a date column repeats the same few thousand days.
-    """
-    if hint in (None, "int", "float"):
-        quick = numeric_kind(present)
-        if quick is not None:
-            numbers = _parse_floats(present)
-            if numbers is not None:
-                return quick, numbers, None
-    distinct = set(present)
-    if hint in (None, "bool") and is_bool_batch(distinct):
-        return "bool", None, distinct
-    if hint in (None, "date"):
-        unseen = distinct - valid_dates
-        if is_date_batch(unseen):
-            if len(valid_dates) + len(unseen) > MAX_TRACKED_DISTINCT:
-                valid_dates.clear()
-            valid_dates.update(unseen)
-            return "date", None, distinct
-    kind = batch_kind(distinct) or "str"
-    if kind in NUMERIC_TYPES:
-        return kind, _parse_floats(present), distinct
-    return kind, None, distinct
-
-
-def _parse_floats(values: Sequence[str]) -> np.ndarray | None:
-    try:
-        numbers = np.fromiter(map(float, values), dtype=np.float64, count=len(values))
-    except ValueError:
-        return None
-    return numbers if bool(np.isfinite(numbers).all()) else None
-
-
-def safe_count(n: int) -> int | str:
-    """Disclosure-controlled count (module doc): 0 stays 0, 1..7 → ``"≤7"``, else rounded to the
-    nearest multiple of 5 (halves up: 12 → 10, 13 → 15)."""
-    if n == 0:
-        return 0
-    if n <= SMALL_COUNT:
-        return SUPPRESSED
-    return (n + ROUNDING_BASE // 2) // ROUNDING_BASE * ROUNDING_BASE
-
-
-def _sig3(x: float) -> float:
-    return float(f"{x:.3g}")
-
-
-def compute_profile(columns: list[ColumnStats], row_count: int) -> dict:
-    """Build the disclosure-controlled profile from running column summaries.
-
-    Returns ``{"format": 2, "rows": safe_count(row_count), "columns": [per column]}``; each
-    column: ``{"name", "type", "type_source" ("inferred"|"override"), "missing", "count"}``
-    (counts through ``safe_count``) plus
-
-    * ``int``/``float``: ``"mean", "std"`` (sample, n-1) to 3 significant figures, ``None`` when
-      7 or fewer values exist. No minimum or maximum: each is one record's value, which output
-      checking withholds (the ``ColumnStats`` keep them for validation only);
-    * ``str``/``bool``: ``"categories": [{"value", "count"}]`` — only values held by more than 7
-      rows, at most 20, most frequent first (``bool`` values as ``"true"``/``"false"``) — and
-      ``"other"`` (``safe_count`` of the remaining values); ``"categories"``/``"other"`` are
-      ``None`` for free-text columns with more than 10 000 distinct or over-long values;
-    * ``date``: ``"min_year", "max_year"`` (``None`` when 7 or fewer values exist).
-
-    A list, not a dict, so column order survives jsonb.
-    """
-    out = []
-    for col in columns:
-        kind = col.final_type
-        entry: dict = {
-            "name": col.name,
-            "type": kind,
-            "type_source": "override" if col.declared else "inferred",
-            "missing": safe_count(col.missing),
-            "count": safe_count(col.count),
-        }
-        enough = col.count > SMALL_COUNT
-        if kind in NUMERIC_TYPES:
-            n = col.numeric_count
-            std = math.sqrt(col.m2 / (n - 1)) if n > 1 else 0.0
-            summary = {"mean": col.mean, "std": std}
-            for key, value in summary.items():
-                entry[key] = _sig3(value) if enough and n and math.isfinite(value) else None
-        elif kind == "date":
-            entry["min_year"] = int(col.first_date[:4]) if enough and col.first_date else None
-            entry["max_year"] = int(col.last_date[:4]) if enough and col.last_date else None
-        elif col.categories is None:
-            entry["categories"] = None
-            entry["other"] = None
-        else:
-            counts: Mapping[str, int] = col.categories
-            if kind == "bool":
-                merged: Counter = Counter()
-                for value, count in col.categories.items():
-                    merged[value.lower()] += count
-                counts = merged
-            frequent = sorted(
-                ((v, c) for v, c in counts.items() if c > SMALL_COUNT),
-                key=lambda item: (-item[1], item[0]),
-            )[:MAX_CATEGORIES]
-            entry["categories"] = [{"value": v, "count": safe_count(c)} for v, c in frequent]
-            entry["other"] = safe_count(col.count - sum(c for _, c in frequent))
-        out.append(entry)
-    return {"format": PROFILE_FORMAT, "rows": safe_count(row_count), "columns": out}
 
 
 class _HashingReader(io.RawIOBase):
