@@ -115,10 +115,6 @@ class FederatedJob(models.Model):
     def is_terminal(self) -> bool:
         return self.status in JobStatus.terminal()
 
-    @property
-    def rounds_done(self) -> int:
-        return self.round_metrics.count()
-
 
 class JobSiteStatus(models.TextChoices):
     PENDING = "pending", "Pending"

@@ -15,11 +15,6 @@ def user_roles(*, user) -> set[str]:
     return roles
 
 
-def user_institutions(*, user):
-    """Institutions where the user holds any role."""
-    return Institution.objects.filter(memberships__user=user).distinct()
-
-
 def administered_institutions(*, user):
     """Institutions whose admin pages the user may open."""
     from portal.models import Role

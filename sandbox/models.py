@@ -2,7 +2,6 @@
 
 from django.conf import settings
 from django.db import models
-from django.utils import timezone
 
 
 class Dataset(models.Model):
@@ -64,10 +63,6 @@ class DatasetVersion(models.Model):
     def __str__(self) -> str:
         return f"{self.dataset} v{self.version}"
 
-    @property
-    def column_names(self) -> list[str]:
-        return [c["name"] for c in self.schema]
-
 
 class AccessStatus(models.TextChoices):
     PENDING = "pending", "Pending"
@@ -103,13 +98,6 @@ class AccessRequest(models.Model):
 
     def __str__(self) -> str:
         return f"{self.project} → {self.dataset} ({self.status})"
-
-    def is_valid_grant(self, at=None) -> bool:
-        """True when approved and not expired at ``at`` (default: now)."""
-        at = at or timezone.now()
-        return self.status == AccessStatus.APPROVED and (
-            self.expires_at is None or self.expires_at > at
-        )
 
 
 class ReleaseStatus(models.TextChoices):
