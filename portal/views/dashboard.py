@@ -17,5 +17,6 @@ def dashboard(request):
             "projects": selectors.projects_for_user(user=request.user),
             "jobs": federation_selectors.jobs_for_user(user=request.user)[:10],
             "memberships": request.user.memberships.select_related("institution"),
+            "invitations": selectors.invitations_for_user(user=request.user),
         },
     )

@@ -227,3 +227,12 @@ def test_institution_admin_cannot_deactivate_member_of_another_institution():
     services.member_deactivate(by=UserFactory(is_staff=True), user=user, institution=a)
     user.refresh_from_db()
     assert not user.is_active
+
+
+def test_dashboard_shows_pending_invitation(client):
+    project, pi = _project_with_pi()
+    guest = UserFactory(email="guest@other.example")
+    inv = services.project_invite(by=pi, project=project, email=guest.email)
+    client.force_login(guest)
+    page = client.get("/").content.decode()
+    assert project.title in page and f"/invitations/{inv.token}/" in page
