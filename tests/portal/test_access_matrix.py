@@ -474,7 +474,7 @@ ENDPOINTS: list[Endpoint] = [
         lambda w: "/",
         SIGNED_IN,
         listed=ALL_PROJECT_TITLES | ALL_JOB_TITLES,
-        shows=lambda a: project_titles(a) | job_titles(a),
+        shows=lambda a: project_titles(a, invited=True) | job_titles(a),
     ),
     _get(
         "/projects/",
