@@ -170,24 +170,15 @@ class SiteKeyring:
         except OSError as exc:
             raise KeyringError(f"cannot create keyring directory {self.path}: {exc}") from exc
         key = generate_key()
-        fd, tmp = tempfile.mkstemp(prefix=".new-", dir=self.path)
         try:
-            os.write(fd, key)
-            os.fsync(fd)
-            os.close(fd)
-            fd = -1
-            os.link(tmp, path)
+            with _staged_key_file(self.path, key) as tmp:
+                os.link(tmp, path)
         except FileExistsError:
             raise KeyringError(
                 f"a key for site {site!r} already exists at {path}; refusing to overwrite it"
             ) from None
         except OSError as exc:
             raise KeyringError(f"cannot write key file {path}: {exc}") from exc
-        finally:
-            if fd >= 0:
-                os.close(fd)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
         return key
 
     def rotate(self, site: str) -> tuple[bytes, bytes]:
@@ -212,14 +203,10 @@ class SiteKeyring:
         path = self.key_path(site)
         keep = self.previous_path(site, max(self.previous(site), default=0) + 1)
         new = generate_key()
-        fd, tmp = tempfile.mkstemp(prefix=".new-", dir=self.path)
         try:
-            os.write(fd, new)
-            os.fsync(fd)
-            os.close(fd)
-            fd = -1
-            os.link(path, keep)
-            os.replace(tmp, path)
+            with _staged_key_file(self.path, new) as tmp:
+                os.link(path, keep)
+                os.replace(tmp, path)
             _fsync_dir(self.path)
         except FileExistsError:
             raise KeyringError(
@@ -227,11 +214,6 @@ class SiteKeyring:
             ) from None
         except OSError as exc:
             raise KeyringError(f"cannot rotate the key of site {site!r}: {exc}") from exc
-        finally:
-            if fd >= 0:
-                os.close(fd)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
         return old, new
 
     def retire(self, site: str, n: int) -> None:
@@ -246,6 +228,23 @@ class SiteKeyring:
             raise KeyringError(f"no previous key {n} of site {site!r} at {path}") from None
         except OSError as exc:
             raise KeyringError(f"cannot delete {path}: {exc}") from exc
+
+
+@contextlib.contextmanager
+def _staged_key_file(directory: Path, key: bytes):
+    """Yield the path of a temp file in ``directory`` holding ``key`` (mode 0600, fsynced); the
+    caller links or renames it into place; whatever is left is removed afterwards."""
+    fd, tmp = tempfile.mkstemp(prefix=".new-", dir=directory)  # mkstemp creates it 0600
+    try:
+        try:
+            os.write(fd, key)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        yield tmp
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def _fsync_dir(directory: Path) -> None:
