@@ -208,6 +208,35 @@ def discover(
 # ---------------------------------------------------------------------------------------------
 
 
+def fan_out(
+    message_type: str,
+    arrays: ArrayRecord,
+    *,
+    grid: Grid,
+    active: dict[str, int],
+    node_site: dict[int, str],
+    config: ConfigRecord,
+    timeout: float,
+    poll: float,
+    sites_out: dict[str, dict],
+) -> Exchange:
+    """Send ``arrays`` + ``config`` to every active node; mark errors and silences in ``sites_out``."""
+    msgs = [
+        Message(
+            RecordDict({"arrays": arrays, "config": config}),
+            dst_node_id=n,
+            message_type=message_type,
+        )
+        for n in active.values()
+    ]
+    result = exchange(grid, msgs, timeout=timeout, poll=poll)
+    for node, error in result.errors.items():
+        sites_out[node_site[node]].update(ok=False, error=error)
+    for node in result.timed_out:
+        sites_out[node_site[node]].update(ok=False, error=f"no reply within {timeout:.0f} s")
+    return result
+
+
 def _site_metrics(reply: Message) -> dict:
     m = reply.content["metrics"]
     return {k: float(v) for k, v in m.items()}
@@ -265,25 +294,16 @@ def run_job(grid: Grid, context: Context, reporter: Reporter) -> None:
         config["server-round"] = rnd
         sites_out: dict[str, dict] = {s: {"node_id": str(n)} for s, n in active.items()}
 
-        def fan_out(message_type: str, arrays=arrays, sites_out=sites_out) -> Exchange:
-            msgs = [
-                Message(
-                    RecordDict({"arrays": arrays, "config": config}),
-                    dst_node_id=n,
-                    message_type=message_type,
-                )
-                for n in active.values()
-            ]
-            result = exchange(grid, msgs, timeout=round_timeout, poll=poll)
-            for node, error in result.errors.items():
-                sites_out[node_site[node]].update(ok=False, error=error)
-            for node in result.timed_out:
-                sites_out[node_site[node]].update(
-                    ok=False, error=f"no reply within {round_timeout:.0f} s"
-                )
-            return result
-
-        train = fan_out(MessageType.TRAIN)
+        fan = dict(
+            grid=grid,
+            active=active,
+            node_site=node_site,
+            config=config,
+            timeout=round_timeout,
+            poll=poll,
+            sites_out=sites_out,
+        )
+        train = fan_out(MessageType.TRAIN, arrays, **fan)
         for node, reply in train.replies.items():
             m = _site_metrics(reply)
             sites_out[node_site[node]].update(
@@ -302,7 +322,7 @@ def run_job(grid: Grid, context: Context, reporter: Reporter) -> None:
         new_arrays, train_agg = strategy.aggregate_train(rnd, list(train.replies.values()))
         arrays = new_arrays
 
-        evaluation = fan_out(MessageType.EVALUATE, arrays=arrays)
+        evaluation = fan_out(MessageType.EVALUATE, arrays, **fan)
         for node, reply in evaluation.replies.items():
             m = _site_metrics(reply)
             entry = sites_out[node_site[node]]
