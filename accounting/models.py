@@ -1,1 +1,306 @@
-"""Accounting models land with contribution, billing and the ledger (issue 5)."""
+"""Accounting records: metered usage, contribution scores, prices and bills, credit, the ledger.
+
+Each section below belongs to one part of issue 5; the services of that part are the only writers:
+
+* usage and contribution — ``accounting.services.usage`` / ``accounting.services.contribution``;
+* prices, billing entries, invoices — ``accounting.services.billing``;
+* credit statements (CRediT, ANSI/NISO Z39.104-2022) — ``accounting.services.credit``;
+* the ledger (RFC 9162 Merkle tree leaves and signed checkpoints) — ``accounting.services.ledger``.
+
+Money is ``Decimal`` (``DecimalField``), never float.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import models
+
+# ---------------------------------------------------------------------------------------------
+# Metering
+# ---------------------------------------------------------------------------------------------
+
+
+class UsageRecord(models.Model):
+    """What one site spent on one job, summed over rounds from the ClientApp's metering.
+
+    ``cpu_seconds``/``wall_seconds``: process CPU time and elapsed time of the ClientApp's work;
+    ``examples``: training plus evaluation examples used; ``bytes_received``/``bytes_sent``: model
+    payload bytes the site received from / sent to the SuperLink. ``flower_*`` hold Flower's own
+    per-run figures where the SuperLink reports them, for the cross-check.
+    """
+
+    job = models.ForeignKey(
+        "federation.FederatedJob", on_delete=models.PROTECT, related_name="usage_records"
+    )
+    site = models.ForeignKey("federation.Site", on_delete=models.PROTECT, related_name="usage")
+    rounds = models.PositiveIntegerField(default=0)
+    cpu_seconds = models.FloatField(default=0.0)
+    wall_seconds = models.FloatField(default=0.0)
+    examples = models.PositiveBigIntegerField(default=0)
+    bytes_received = models.PositiveBigIntegerField(default=0)
+    bytes_sent = models.PositiveBigIntegerField(default=0)
+    cores = models.PositiveIntegerField(default=1, help_text="Cores reserved for the ClientApp.")
+    memory_gib = models.DecimalField(
+        max_digits=8, decimal_places=3, default=Decimal("1"), help_text="Memory reserved, GiB."
+    )
+    gpus = models.PositiveIntegerField(default=0)
+    flower_compute_seconds = models.FloatField(null=True, blank=True)
+    flower_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["job", "site__slug"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "site"], name="usage_unique_job_site"),
+        ]
+
+    def __str__(self) -> str:
+        return f"usage {self.job_id} @ {self.site_id}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Contribution
+# ---------------------------------------------------------------------------------------------
+
+
+class ContributionMethod(models.TextChoices):
+    EXACT = "exact", "Exact Shapley"
+    GTG = "gtg", "GTG-Shapley"
+    LOO = "loo", "Leave-one-out"
+    DATA_VOLUME = "data_volume", "Data volume (secure aggregation)"
+
+
+class ContributionScore(models.Model):
+    """One site's contribution to one job by one method; ``round`` 0 is the whole run.
+
+    ``raw_value``: the method's value in utility units (example-weighted accuracy);
+    ``share``: the normalised value (non-negative, shares of a job and method sum to 1);
+    ``evaluations``: coalition utilities the method evaluated.
+    """
+
+    job = models.ForeignKey(
+        "federation.FederatedJob", on_delete=models.PROTECT, related_name="contribution_scores"
+    )
+    site = models.ForeignKey(
+        "federation.Site", on_delete=models.PROTECT, related_name="contribution_scores"
+    )
+    method = models.CharField(max_length=16, choices=ContributionMethod.choices)
+    round = models.PositiveIntegerField(default=0, help_text="0 = the whole run.")
+    raw_value = models.FloatField()
+    share = models.FloatField()
+    evaluations = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["job", "method", "round", "site__slug"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "site", "method", "round"], name="contribution_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.site_id}: {self.share:.3f}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Prices and bills
+# ---------------------------------------------------------------------------------------------
+
+
+class PriceRule(models.Model):
+    """A pool's price from ``effective_from``: Slurm TRESBillingWeights style.
+
+    service units = cpu_weight × core-hours + memory_weight × GiB-hours + gpu_weight × GPU-hours;
+    amount = service units × ``price_per_unit`` (in ``currency``). ``data_credit_rate`` is the
+    share of a job's compute charges paid out to data providers by Shapley share (0 = none).
+    """
+
+    pool = models.ForeignKey(
+        "federation.ComputePool", on_delete=models.CASCADE, related_name="price_rules"
+    )
+    effective_from = models.DateField()
+    cpu_weight = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("1"))
+    memory_weight = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
+    gpu_weight = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
+    price_per_unit = models.DecimalField(max_digits=12, decimal_places=4)
+    currency = models.CharField(max_length=3, default="EUR")
+    data_credit_rate = models.DecimalField(max_digits=5, decimal_places=4, default=Decimal("0"))
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["pool", "-effective_from"]
+        constraints = [
+            models.UniqueConstraint(fields=["pool", "effective_from"], name="price_rule_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.pool} from {self.effective_from}"
+
+
+class InvoiceStatus(models.TextChoices):
+    OPEN = "open", "Open"
+    CLOSED = "closed", "Closed"
+
+
+class Invoice(models.Model):
+    """One institution's bill for one calendar month (``month`` is its first day)."""
+
+    institution = models.ForeignKey(
+        "portal.Institution", on_delete=models.PROTECT, related_name="invoices"
+    )
+    month = models.DateField(help_text="First day of the calendar month.")
+    currency = models.CharField(max_length=3, default="EUR")
+    status = models.CharField(
+        max_length=8, choices=InvoiceStatus.choices, default=InvoiceStatus.OPEN
+    )
+    charges = models.DecimalField(max_digits=14, decimal_places=2, default=Decimal("0"))
+    credits = models.DecimalField(max_digits=14, decimal_places=2, default=Decimal("0"))
+    total = models.DecimalField(
+        max_digits=14, decimal_places=2, default=Decimal("0"), help_text="charges − credits."
+    )
+    closed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-month", "institution__name"]
+        constraints = [
+            models.UniqueConstraint(fields=["institution", "month"], name="invoice_unique_month"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.institution} {self.month:%Y-%m}"
+
+
+class BillingKind(models.TextChoices):
+    COMPUTE_CHARGE = "compute_charge", "Compute charge"
+    COMPUTE_CREDIT = "compute_credit", "Compute credit"
+    DATA_CHARGE = "data_charge", "Data charge"
+    DATA_CREDIT = "data_credit", "Data credit"
+
+
+class BillingEntry(models.Model):
+    """One charge or credit for one site's part in one job; unique per (job, site, kind).
+
+    ``institution`` is who pays (charges) or is paid (credits); ``amount`` is positive in both
+    cases; ``service_units`` is what the pool's price rule made of the usage.
+    """
+
+    job = models.ForeignKey(
+        "federation.FederatedJob", on_delete=models.PROTECT, related_name="billing_entries"
+    )
+    site = models.ForeignKey(
+        "federation.Site", on_delete=models.PROTECT, related_name="billing_entries"
+    )
+    kind = models.CharField(max_length=16, choices=BillingKind.choices)
+    institution = models.ForeignKey(
+        "portal.Institution", on_delete=models.PROTECT, related_name="billing_entries"
+    )
+    price_rule = models.ForeignKey(PriceRule, null=True, on_delete=models.PROTECT)
+    service_units = models.DecimalField(max_digits=14, decimal_places=4, default=Decimal("0"))
+    amount = models.DecimalField(max_digits=14, decimal_places=2)
+    currency = models.CharField(max_length=3, default="EUR")
+    invoice = models.ForeignKey(
+        Invoice, null=True, blank=True, on_delete=models.PROTECT, related_name="entries"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["job", "site__slug", "kind"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "site", "kind"], name="billing_unique_entry"),
+            models.CheckConstraint(condition=models.Q(amount__gte=0), name="billing_amount_gte_0"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.amount} {self.currency}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Credit (CRediT)
+# ---------------------------------------------------------------------------------------------
+
+
+class CreditStatement(models.Model):
+    """Who contributed what to one job, in CRediT roles; the project's PI may edit it."""
+
+    job = models.OneToOneField(
+        "federation.FederatedJob", on_delete=models.PROTECT, related_name="credit_statement"
+    )
+    edited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"credit for job {self.job_id}"
+
+
+class CreditContributor(models.Model):
+    """One contributor line: a person or an institution, its CRediT roles and share."""
+
+    statement = models.ForeignKey(
+        CreditStatement, on_delete=models.CASCADE, related_name="contributors"
+    )
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT
+    )
+    institution = models.ForeignKey(
+        "portal.Institution", null=True, blank=True, on_delete=models.PROTECT
+    )
+    name = models.CharField(max_length=200)
+    roles = models.JSONField(default=list, help_text="CRediT role slugs, e.g. data-curation.")
+    share = models.FloatField(null=True, blank=True, help_text="Contribution share, 0–1.")
+    position = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["statement", "position", "id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+# ---------------------------------------------------------------------------------------------
+# Ledger (RFC 9162 leaves, C2SP checkpoints)
+# ---------------------------------------------------------------------------------------------
+
+
+class LedgerEntry(models.Model):
+    """One leaf of the ledger's Merkle tree; ``index`` is its 0-based leaf index.
+
+    ``data`` is the canonical JSON of the record (UTF-8, sorted keys, no spaces);
+    ``leaf_hash`` = SHA-256(0x00 ‖ data) (RFC 9162 §2.1.1). Append-only: no update or delete path.
+    """
+
+    index = models.PositiveBigIntegerField(unique=True)
+    kind = models.CharField(max_length=32)
+    data = models.TextField()
+    leaf_hash = models.BinaryField(max_length=32)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["index"]
+
+    def __str__(self) -> str:
+        return f"leaf {self.index} ({self.kind})"
+
+
+class LedgerCheckpoint(models.Model):
+    """A signed tree head: ``size`` leaves with ``root_hash``, as a C2SP signed note."""
+
+    size = models.PositiveBigIntegerField(unique=True)
+    root_hash = models.BinaryField(max_length=32)
+    note = models.TextField(help_text="The signed note (c2sp.org/tlog-checkpoint).")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-size"]
+
+    def __str__(self) -> str:
+        return f"checkpoint {self.size}"

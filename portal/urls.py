@@ -10,6 +10,7 @@ urlpatterns = [
     path("accounts/login/", sso.login, name="account_login"),  # allauth's, with SSO choices
     path("accounts/", include("allauth.urls")),
     path("jobs/", include("federation.urls")),
+    path("accounting/", include("accounting.urls")),
     path("", include("sandbox.urls")),
     path("", include("portal.app_urls")),
 ]

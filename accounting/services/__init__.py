@@ -1,0 +1,1 @@
+"""Writes of accounting, one module per part: usage, contribution, billing, credit, ledger."""
