@@ -137,6 +137,17 @@ class PriceRule(models.Model):
         ordering = ["pool", "-effective_from"]
         constraints = [
             models.UniqueConstraint(fields=["pool", "effective_from"], name="price_rule_unique"),
+            models.CheckConstraint(
+                condition=models.Q(cpu_weight__gte=0)
+                & models.Q(memory_weight__gte=0)
+                & models.Q(gpu_weight__gte=0)
+                & models.Q(price_per_unit__gte=0),
+                name="price_rule_non_negative",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(data_credit_rate__gte=0) & models.Q(data_credit_rate__lte=1),
+                name="price_rule_data_credit_rate_0_1",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -171,6 +182,10 @@ class Invoice(models.Model):
         ordering = ["-month", "institution__name"]
         constraints = [
             models.UniqueConstraint(fields=["institution", "month"], name="invoice_unique_month"),
+            models.CheckConstraint(
+                condition=models.Q(charges__gte=0) & models.Q(credits__gte=0),
+                name="invoice_sums_non_negative",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -33,6 +33,9 @@ ACTIONS = frozenset(
         "institution.admin",
         "dataset.register",
         "access.decide",
+        "price.manage",
+        "invoice.view",
+        "job.view_cost",
     }
 )
 
@@ -43,7 +46,10 @@ def can(user, action: str, obj=None) -> bool:
     Actions: ``project.create`` (obj: None; researchers), ``project.view``, ``project.invite``
     (PI only), ``job.submit`` (obj: Project), ``job.view``, ``job.stop``
     (obj: FederatedJob), ``institution.admin`` (obj: Institution; platform admins too),
-    ``dataset.register`` (obj: Site), ``access.decide`` (obj: Dataset or Site).
+    ``dataset.register`` (obj: Site), ``access.decide`` (obj: Dataset or Site),
+    ``price.manage`` (obj: ComputePool), ``invoice.view`` (obj: Invoice or Institution):
+    the institution's admins (and platform admins); ``job.view_cost`` (obj: FederatedJob): the
+    project's members and the admins of the project's and the job's sites' institutions.
     Unknown actions raise ``ValueError`` so a typo cannot silently allow or deny.
     """
     if action not in ACTIONS:
@@ -70,4 +76,18 @@ def can(user, action: str, obj=None) -> bool:
     if action == "access.decide":  # obj: a Dataset, or a Site
         site = getattr(obj, "site", obj)
         return _has_role(user, site.institution, Role.DATA_STEWARD)
+    if action == "price.manage":
+        return can(user, "institution.admin", obj.institution)
+    if action == "invoice.view":
+        return can(user, "institution.admin", getattr(obj, "institution", obj))
+    if action == "job.view_cost":
+        if user.is_staff or _project_role(user, obj.project) is not None:
+            return True
+        involved = {
+            obj.project.institution_id,
+            *obj.sites.values_list("site__institution_id", flat=True),
+        }
+        return Membership.objects.filter(
+            user=user, institution_id__in=involved, role=Role.INSTITUTION_ADMIN
+        ).exists()
     raise AssertionError(f"action {action!r} is listed in ACTIONS but not handled")

@@ -1,0 +1,220 @@
+"""Reads of billing: invoices a user may see, an institution's monthly series, a job's cost.
+
+Permission scoping happens here (``portal.permissions.can``): ``invoices_for_user`` returns only
+invoices of institutions the user administers, so a view's ``get_object_or_404`` answers 404 for
+another institution's invoice. Money stays ``Decimal``; chart series are converted to ``float``
+only at the edge (``institution_billing_series``), for Chart.js.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+from django.db.models import Count, Prefetch, Q
+
+from accounting.models import BillingEntry, BillingKind, Invoice, PriceRule, UsageRecord
+from accounting.services.billing import CHARGE_KINDS, month_start, next_month
+from portal import selectors as portal_selectors
+from portal.permissions import can
+
+SECONDS_PER_HOUR = 3600
+
+
+def invoices_for_user(*, user):
+    """Invoices of the institutions ``user`` administers (all for platform admins), newest
+    month first, institution joined, with ``lines`` (entry count) annotated."""
+    institutions = portal_selectors.administered_institutions(user=user)
+    return (
+        Invoice.objects.filter(institution__in=institutions)
+        .select_related("institution")
+        .annotate(lines=Count("entries"))
+        .order_by("-month", "institution__name")
+    )
+
+
+def institution_invoices(*, user, institution):
+    """The institution's invoices (``invoices_for_user`` narrowed); empty when ``user`` may not
+    view them."""
+    if not can(user, "invoice.view", institution):
+        return Invoice.objects.none()
+    return invoices_for_user(user=user).filter(institution=institution)
+
+
+def invoice_lines(*, invoice):
+    """The invoice's entries with job, project, site, pool owner and price rule joined, ordered
+    by job, site, kind (one query)."""
+    return (
+        BillingEntry.objects.filter(invoice=invoice)
+        .select_related(
+            "job__project__institution",
+            "site__institution",
+            "site__pool",
+            "price_rule",
+            "institution",
+        )
+        .order_by("job_id", "site__slug", "kind")
+    )
+
+
+def _months(end: dt.date, count: int) -> list[dt.date]:
+    months = [month_start(end)]
+    while len(months) < count:
+        prev = months[0] - dt.timedelta(days=1)
+        months.insert(0, prev.replace(day=1))
+    return months
+
+
+def institution_billing_series(*, institution, today: dt.date, months: int = 12) -> dict:
+    """Monthly series for the institution's billing charts, the last ``months`` months to
+    ``today``'s month, oldest first.
+
+    Returns ``{"labels": ["2026-01", …], "core_hours_used": […], "core_hours_provided": […],
+    "su_used": […], "su_provided": […], "charges": […], "credits": […], "net": […],
+    "currency": str}``. Usage is by the job's finish month: *used* = usage records of jobs of
+    the institution's projects (any pool), *provided* = usage records at the institution's sites
+    (any project); core-hours = reserved cores × wall seconds / 3600 (what is billed, see
+    ``accounting.services.billing.service_units``); SU from the compute entries (``used``:
+    compute charges to the institution, including own-pool show-back at 0.00; ``provided``:
+    compute credits to it plus its own-pool show-back). Charges, credits and net (charges −
+    credits, in the invoices' currency) come from the institution's invoices by invoice month.
+    Floats, for the chart only.
+    """
+    axis = _months(today, months)
+    first, end = axis[0], next_month(axis[-1])
+    index = {m: i for i, m in enumerate(axis)}
+
+    def zeros() -> list[float]:
+        return [0.0] * len(axis)
+
+    series = {k: zeros() for k in ("core_hours_used", "core_hours_provided", "su_used")}
+    series["su_provided"] = zeros()
+    usage = UsageRecord.objects.filter(
+        job__finished_at__date__gte=first, job__finished_at__date__lt=end
+    ).filter(Q(job__project__institution=institution) | Q(site__institution=institution))
+    for u in usage.values(
+        "cores",
+        "wall_seconds",
+        "job__finished_at",
+        "job__project__institution_id",
+        "site__institution_id",
+    ):
+        i = index.get(month_start(u["job__finished_at"]))
+        if i is None:
+            continue
+        hours = u["cores"] * u["wall_seconds"] / SECONDS_PER_HOUR
+        if u["job__project__institution_id"] == institution.pk:
+            series["core_hours_used"][i] += hours
+        if u["site__institution_id"] == institution.pk:
+            series["core_hours_provided"][i] += hours
+    entries = BillingEntry.objects.filter(
+        job__finished_at__date__gte=first,
+        job__finished_at__date__lt=end,
+        kind__in=(BillingKind.COMPUTE_CHARGE, BillingKind.COMPUTE_CREDIT),
+    ).filter(Q(institution=institution) | Q(site__institution=institution))
+    for e in entries.values(
+        "kind", "service_units", "institution_id", "site__institution_id", "job__finished_at"
+    ):
+        i = index.get(month_start(e["job__finished_at"]))
+        if i is None:
+            continue
+        su = float(e["service_units"])
+        own_site = e["site__institution_id"] == institution.pk
+        if e["kind"] == BillingKind.COMPUTE_CHARGE and e["institution_id"] == institution.pk:
+            series["su_used"][i] += su
+            if own_site:  # own-pool show-back: used and provided
+                series["su_provided"][i] += su
+        elif e["kind"] == BillingKind.COMPUTE_CREDIT and e["institution_id"] == institution.pk:
+            series["su_provided"][i] += su
+    money = {"charges": zeros(), "credits": zeros(), "net": zeros()}
+    currency = None
+    for inv in Invoice.objects.filter(
+        institution=institution, month__gte=first, month__lt=end
+    ).values("month", "charges", "credits", "total", "currency"):
+        i = index[inv["month"]]
+        money["charges"][i] = float(inv["charges"])
+        money["credits"][i] = float(inv["credits"])
+        money["net"][i] = float(inv["total"])
+        currency = inv["currency"]
+    return {
+        "labels": [m.strftime("%Y-%m") for m in axis],
+        **{k: [round(v, 3) for v in vals] for k, vals in series.items()},
+        **money,
+        "currency": currency or "",
+    }
+
+
+def institution_pools_with_rules(*, institution, today: dt.date) -> list:
+    """The institution's pools ordered by name, each with ``rules``: its price rules newest
+    first (author joined), each marked ``state`` = ``"scheduled"`` (starts after ``today``),
+    ``"current"`` (the one in effect ``today``) or ``"superseded"``. Two queries."""
+    pools = list(
+        institution.pools.order_by("name").prefetch_related(
+            Prefetch(
+                "price_rules",
+                queryset=PriceRule.objects.select_related("created_by").order_by("-effective_from"),
+                to_attr="rules",
+            )
+        )
+    )
+    for pool in pools:
+        current_seen = False
+        for rule in pool.rules:
+            if rule.effective_from > today:
+                rule.state = "scheduled"
+            elif not current_seen:
+                rule.state, current_seen = "current", True
+            else:
+                rule.state = "superseded"
+    return pools
+
+
+def job_cost(*, job, user) -> dict | None:
+    """A job's billing for the job page, or ``None`` when ``user`` may not see it
+    (``job.view_cost``).
+
+    Returns ``{"compute": [row…], "data": [row…], "charged": Decimal (compute and data charges
+    to the project's institution), "service_units": Decimal, "currency": str, "billed": bool,
+    "payer": Institution}``. A compute row is one site's compute charge: ``{"site", "payee"
+    (the site's institution), "service_units", "amount", "own" (own pool: show-back at 0)}``;
+    a data row is one data credit: ``{"site", "payee", "amount"}`` (the data charges sum to the
+    data credits, see ``accounting.services.billing.job_bill``).
+    """
+    if not can(user, "job.view_cost", job):
+        return None
+    entries = list(
+        BillingEntry.objects.filter(job=job)
+        .select_related("site__institution", "institution")
+        .order_by("site__slug", "kind")
+    )
+    payer = job.project.institution
+    compute, data = [], []
+    charged = Decimal("0.00")
+    units = Decimal("0")
+    currency = ""
+    for e in entries:
+        currency = e.currency
+        if e.kind in CHARGE_KINDS:
+            charged += e.amount
+        if e.kind == BillingKind.COMPUTE_CHARGE:
+            units += e.service_units
+            compute.append(
+                {
+                    "site": e.site,
+                    "payee": e.site.institution,
+                    "service_units": e.service_units,
+                    "amount": e.amount,
+                    "own": e.site.institution_id == payer.pk,
+                }
+            )
+        elif e.kind == BillingKind.DATA_CREDIT:
+            data.append({"site": e.site, "payee": e.institution, "amount": e.amount})
+    return {
+        "compute": compute,
+        "data": data,
+        "charged": charged,
+        "service_units": units,
+        "currency": currency,
+        "billed": bool(entries),
+        "payer": payer,
+    }
