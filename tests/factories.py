@@ -118,3 +118,66 @@ class GrantFactory(factory.django.DjangoModelFactory):
     purpose = "testing"
     status = AccessStatus.APPROVED
     expires_at = factory.LazyFunction(lambda: timezone.now() + timedelta(days=30))
+
+
+# --- billing (accounting.services.billing) ------------------------------------------------------
+
+
+class BillingJobFactory(factory.django.DjangoModelFactory):
+    """A completed job of a project, finished at ``finished_at`` (no JobSite rows: add them)."""
+
+    class Meta:
+        model = "federation.FederatedJob"
+
+    project = factory.SubFactory(ProjectFactory)
+    submitted_by = factory.SubFactory(UserFactory)
+    title = factory.Sequence(lambda n: f"Billed job {n}")
+    target_column = "label"
+    status = "completed"
+    finished_at = factory.LazyFunction(timezone.now)
+
+
+class BillingUsageFactory(factory.django.DjangoModelFactory):
+    """A usage record (what the usage service writes after a job) for one job and site."""
+
+    class Meta:
+        model = "accounting.UsageRecord"
+
+    job = factory.SubFactory(BillingJobFactory)
+    site = factory.SubFactory(SiteFactory)
+    rounds = 3
+    cpu_seconds = 100.0
+    wall_seconds = 3600.0
+    cores = 1
+    memory_gib = 1
+    gpus = 0
+
+
+class BillingShareFactory(factory.django.DjangoModelFactory):
+    """A whole-run (round 0) contribution score of one site to one job."""
+
+    class Meta:
+        model = "accounting.ContributionScore"
+
+    job = factory.SubFactory(BillingJobFactory)
+    site = factory.SubFactory(SiteFactory)
+    method = "exact"
+    round = 0
+    raw_value = factory.LazyAttribute(lambda s: s.share)
+    share = 0.5
+
+
+class PriceRuleFactory(factory.django.DjangoModelFactory):
+    """A pool's price rule, written directly (the service refuses past start days)."""
+
+    class Meta:
+        model = "accounting.PriceRule"
+
+    pool = factory.SubFactory(PoolFactory)
+    effective_from = factory.LazyFunction(lambda: timezone.localdate().replace(year=2020))
+    cpu_weight = 1
+    memory_weight = 0
+    gpu_weight = 0
+    price_per_unit = "0.05"
+    currency = "EUR"
+    data_credit_rate = 0
