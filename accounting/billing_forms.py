@@ -78,4 +78,20 @@ class PriceRuleForm(forms.Form):
         currency = billing_currency()
         self.fields["currency"].choices = [(currency, currency)]
         self.fields["currency"].initial = currency
-        self.fields["effective_from"].initial = timezone.localdate()
+        # ISO text: a date input shows nothing for a localised date
+        self.fields["effective_from"].initial = timezone.localdate().isoformat()
+        pools = list(self.fields["pool"].queryset[:2])
+        if len(pools) == 1:
+            self.fields["pool"].initial = pools[0].pk
+
+    def clean_effective_from(self):
+        """Refuse a past day here too, so the message shows with the other field errors (the
+        service checks it again)."""
+        day = self.cleaned_data["effective_from"]
+        today = timezone.localdate()
+        if day < today:
+            raise forms.ValidationError(
+                f"Choose today ({today:%Y-%m-%d}) or a later day: prices are not changed "
+                "retroactively."
+            )
+        return day

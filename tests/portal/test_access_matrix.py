@@ -532,6 +532,15 @@ ENDPOINTS: list[Endpoint] = [
     ),
     *(e for j in JOB_PROJECT for e in _job_endpoints(j)),
     *(e for i in ("A", "B", "C") for e in _institution_endpoints(i)),
+    *(
+        _get(
+            f"/accounting/institutions/<{i}>/{page}/",
+            lambda w, i=i, page=page: f"/accounting/institutions/{w.institutions[i].slug}/{page}/",
+            institution_admins(i),
+        )
+        for i in ("A", "B", "C")
+        for page in ("prices", "billing")
+    ),
     *_sandbox_endpoints(),
     _get(
         "/admin/",

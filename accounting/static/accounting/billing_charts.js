@@ -11,8 +11,8 @@
         datasets: [
           { type: "bar", label: "Core-hours used", data: s.core_hours_used, yAxisID: "hours", backgroundColor: "#1f4e79" },
           { type: "bar", label: "Core-hours provided", data: s.core_hours_provided, yAxisID: "hours", backgroundColor: "#7fd1ae" },
-          { type: "line", label: "SU used", data: s.su_used, yAxisID: "su", borderColor: "#0d6efd", backgroundColor: "#0d6efd", tension: 0.2 },
-          { type: "line", label: "SU provided", data: s.su_provided, yAxisID: "su", borderColor: "#198754", backgroundColor: "#198754", borderDash: [4, 3], tension: 0.2 },
+          { type: "line", label: "SU used", data: s.su_used, yAxisID: "su", borderColor: "#0d6efd", backgroundColor: "#0d6efd", tension: 0 },
+          { type: "line", label: "SU provided", data: s.su_provided, yAxisID: "su", borderColor: "#198754", backgroundColor: "#198754", borderDash: [4, 3], tension: 0 },
         ],
       },
       options: {
@@ -30,7 +30,7 @@
         datasets: [
           { type: "bar", label: "Charges", data: s.charges, backgroundColor: "#dc3545" },
           { type: "bar", label: "Credits", data: s.credits, backgroundColor: "#198754" },
-          { type: "line", label: "Net (charges − credits)", data: s.net, borderColor: "#16324f", backgroundColor: "#16324f", tension: 0.2 },
+          { type: "line", label: "Net (charges − credits)", data: s.net, borderColor: "#16324f", backgroundColor: "#16324f", tension: 0 },
         ],
       },
       options: {
