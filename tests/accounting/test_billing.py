@@ -518,3 +518,39 @@ def test_price_rule_create_refuses_a_second_rule_on_the_same_day(world):
     with pytest.raises(billing.BillingError) as exc:
         billing.price_rule_create(by=None, pool=world.site["A"].pool, **kwargs)
     assert "already has a price rule" in exc.value.field_errors["effective_from"][0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_job_bill_charges_once():
+    """Two workers billing the same job at once (real PostgreSQL connections): the job row lock
+    and the (job, site, kind) constraint leave one set of entries and one set of ledger leaves."""
+    import threading
+
+    from django.db import connection
+
+    w = ThreePools()
+    job = w.job("A", dt.date(2025, 3, 10), {"B": (4, 8, 1, 5400), "C": (8, 16, 0, 7200)})
+    barrier = threading.Barrier(2)
+    created, errors = [], []
+
+    def worker():
+        try:
+            barrier.wait()
+            created.append(len(billing.job_bill(job=job)))
+        except Exception as exc:  # pragma: no cover — reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert errors == []
+    assert sorted(created) == [0, 4]  # compute charge + credit at B and at C, once
+    assert BillingEntry.objects.filter(job=job).count() == 4
+    assert LedgerEntry.objects.count() == 4
+    # A: 0.96 (B) + 48 SU at C (2×8 + 0.5×16) × 2 h × 0.0333 = 1.5984 → 1.60; total 2.56
+    assert Invoice.objects.get(institution=w.inst["A"]).charges == D("2.56")
