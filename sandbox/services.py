@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -26,10 +27,12 @@ from django.utils import timezone
 
 from portal.services import audit_record
 from sandbox.crypto import associated_data
-from sandbox.ingest import IngestError, ingest_csv
+from sandbox.ingest import IngestError, ingest_csv, store_key_for
 from sandbox.keyring import KeyringError, SiteKeyring, rewrap_object
 from sandbox.models import AccessRequest, AccessStatus, Dataset, DatasetVersion
 from sandbox.storage import ObjectStore, StorageError
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "AccessError",
@@ -219,7 +222,8 @@ def dataset_ingest(
 
     Not one transaction — the object is written before its row: if the row cannot be written
     (another ingest took the version) the object is deleted again, so a failure leaves no object
-    and no row. Concurrent ingests of one dataset are refused (advisory lock), as is an ingest
+    and no row; an unregistered object at the new version's key (left by a crash between the two
+    writes) is removed first. Concurrent ingests of one dataset are refused (advisory lock), as is an ingest
     while the site's key is being rotated.
 
     Raises ``IngestError`` for a bad file (its message names the line and column), ``DatasetError``
@@ -251,6 +255,12 @@ def dataset_ingest(
     ):
         kek = _site_key(keyring, site)
         version = dataset_next_version(site=site, slug=slug)
+        orphan = store_key_for(site=site.slug, dataset=slug, version=version)
+        if store.exists(orphan):
+            # No row names it and we hold the dataset's lock: an earlier ingest crashed between
+            # writing the object and its row. It was never registered, so nothing refers to it.
+            log.warning("removing unregistered object %s left by an interrupted ingest", orphan)
+            store.delete(orphan)
         result = ingest_csv(
             Path(path),
             site=site.slug,

@@ -438,3 +438,16 @@ def test_upload_is_streamed_to_a_temporary_file(client, site, steward, monkeypat
     _post(client, site=site.pk, slug="d", title="D", file=_csv("small.csv", b"a\n1\n"))
     assert seen["exists"] and seen["path"].name.endswith(".upload.csv")
     assert not seen["path"].exists()  # deleted with the request
+
+
+def test_object_left_by_a_crashed_ingest_is_replaced(site, steward, tmp_path):
+    """A crash between the store write and the row insert left v1's object with no row."""
+    path = tmp_path / "ok.csv"
+    path.write_text("a\n1\n", encoding="utf-8")
+    store = local_site_storage(site).store()
+    stale = tmp_path / "stale.enc"
+    stale.write_bytes(b"not even ciphertext")
+    store.put_file("hospital-x/d/v1.csv.enc", stale)
+    dv = services.dataset_ingest(by=steward, site=site, path=path, slug="d", title="D")
+    assert dv.version == 1 and _load(dv).n_rows == 1
+    assert hashlib.sha256(store.get_bytes(dv.store_key)).hexdigest() == dv.ciphertext_sha256
