@@ -451,3 +451,14 @@ def test_object_left_by_a_crashed_ingest_is_replaced(site, steward, tmp_path):
     dv = services.dataset_ingest(by=steward, site=site, path=path, slug="d", title="D")
     assert dv.version == 1 and _load(dv).n_rows == 1
     assert hashlib.sha256(store.get_bytes(dv.store_key)).hexdigest() == dv.ciphertext_sha256
+
+
+def test_upload_still_checks_csrf(site, steward):
+    """The view picks its upload handler before the CSRF check, which must still run."""
+    from django.test import Client
+
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(steward)
+    response = _post(client, site=site.pk, slug="d", title="D", file=_csv("a.csv", b"a\n1\n"))
+    assert response.status_code == 403 and b"CSRF" in response.content
+    assert _objects(site) == [] and not Dataset.objects.exists()
