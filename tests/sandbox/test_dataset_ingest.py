@@ -369,6 +369,8 @@ def test_upload_new_version_of_existing_dataset(client, site, steward):
         (2, 2, "\t"),
     ]
     assert dataset.versions.get(version=2).missing_values == []  # empty cells not missing here
+    page = client.get(reverse("sandbox:dataset_detail", args=[dataset.pk])).content.decode()
+    assert "Version 2" in page and "none declared" in page and "<th>Delimiter</th>" in page
     # A new dataset may not reuse a slug: that would silently add a version to another dataset.
     response = _post(client, site=site.pk, slug="d", title="Other", file=_csv("c.csv", b"a\n1\n"))
     assert (
