@@ -392,6 +392,13 @@ def job_callback_record(*, job_id: int, payload: dict) -> dict:
             project=job.project, dataset=js.dataset_version.dataset
         )
     ]
+    if event == "round":  # the ServerApp drops these before its next round
+        for slug in drop:
+            js = sites[slug]
+            if js.status not in (JobSiteStatus.DROPPED, JobSiteStatus.FAILED):
+                js.status = JobSiteStatus.DROPPED
+                js.last_error = f"access grant no longer valid: dropped after round {rnd}"
+                js.save(update_fields=["status", "last_error"])
     return {"ok": True, "drop_sites": drop}
 
 

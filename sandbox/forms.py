@@ -1,4 +1,4 @@
-"""Forms of the sandbox: access requests and the steward's decisions."""
+"""Forms of the sandbox: access requests, the steward's decisions and dataset uploads."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from django import forms
 from django.utils import timezone
 
 from portal.selectors import projects_for_user
+from sandbox.csvformat import TYPES
 
 
 class AccessRequestForm(forms.Form):
@@ -52,3 +53,149 @@ class DecisionForm(forms.Form):
         from datetime import UTC, datetime, time
 
         return datetime.combine(day, time.min, tzinfo=UTC) + timedelta(days=1)
+
+
+ENCODINGS = [
+    ("", "Detect"),
+    ("utf-8", "UTF-8"),
+    ("utf-8-sig", "UTF-8 with byte-order mark"),
+    ("cp1252", "Windows-1252 (Western European)"),
+    ("latin-1", "Latin-1 (ISO-8859-1)"),
+    ("utf-16", "UTF-16 (with byte-order mark)"),
+]
+DELIMITERS = [("", "Detect"), (",", "Comma ,"), (";", "Semicolon ;"), ("\t", "Tab")]
+
+
+def parse_types(items: list[str]) -> dict[str, str]:
+    """``["zip=str", "age=int"]`` → ``{"zip": "str", "age": "int"}``; ``ValueError`` naming the bad
+    item otherwise (no ``=``, empty column, a repeated column, or a type not in
+    ``sandbox.csvformat.TYPES``)."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, kind = item.partition("=")
+        name, kind = name.strip(), kind.strip().lower()
+        if not sep or not name:
+            raise ValueError(
+                f"{item.strip()!r}: write a type override as column=type, e.g. zip=str"
+            )
+        if kind not in TYPES:
+            raise ValueError(f"{item.strip()!r}: the type must be one of {', '.join(TYPES)}")
+        if name in out:
+            raise ValueError(f"column {name!r} has two type overrides")
+        out[name] = kind
+    return out
+
+
+def parse_type_overrides(text: str) -> dict[str, str]:
+    """``"zip=str\\nage = int"`` (one per line or comma-separated) → ``{"zip": "str", "age": "int"}``.
+
+    Raises ``forms.ValidationError`` naming the bad entry.
+    """
+    items = [part for line in text.splitlines() for part in line.split(",") if part.strip()]
+    try:
+        return parse_types(items)
+    except ValueError as exc:
+        raise forms.ValidationError(str(exc)) from None
+
+
+class DatasetUploadForm(forms.Form):
+    """A data steward's upload of a CSV file as a new dataset, or a new version of one."""
+
+    site = forms.ModelChoiceField(
+        queryset=None,
+        empty_label=None,
+        help_text="Your institution's site that will hold the encrypted data.",
+    )
+    dataset = forms.ModelChoiceField(
+        queryset=None,
+        required=False,
+        empty_label="— a new dataset —",
+        help_text="Choose an existing dataset to add a new version (earlier versions stay "
+        "unchanged), or leave as a new dataset and give its slug and title below.",
+    )
+    slug = forms.SlugField(
+        required=False,
+        max_length=100,
+        label="Slug (new dataset)",
+        help_text="Short identifier: lower-case letters, digits, '-' or '_', e.g. breast-cancer.",
+    )
+    title = forms.CharField(
+        required=False,
+        max_length=200,
+        label="Title (new dataset)",
+        help_text="What researchers see in the catalogue.",
+    )
+    description = forms.CharField(
+        required=False,
+        max_length=5000,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="Cohort, period, collection; no patient-level values.",
+    )
+    file = forms.FileField(
+        label="CSV file",
+        help_text="Streamed to a temporary file at the site, encrypted with the site's key, then "
+        "deleted; the portal keeps only the schema and a disclosure-controlled profile.",
+    )
+    encoding = forms.ChoiceField(
+        choices=ENCODINGS,
+        required=False,
+        help_text="Detect reads a byte-order mark, else tries UTF-8, then Windows-1252.",
+    )
+    delimiter = forms.ChoiceField(
+        choices=DELIMITERS,
+        required=False,
+        help_text="Detect looks at the first lines; a comma is the fallback.",
+    )
+    empty_is_missing = forms.BooleanField(
+        required=False,
+        initial=True,
+        label="Empty cells are missing",
+        help_text="Untick only if an empty cell is a real value.",
+    )
+    missing_markers = forms.CharField(
+        required=False,
+        max_length=500,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        label="Other missing-value markers",
+        help_text="One per line, e.g. NA or -999. Declared per dataset, so a country code NA is "
+        "not silently missing.",
+    )
+    types = forms.CharField(
+        required=False,
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        label="Column types",
+        help_text="Override inferred types, one column=type per line, e.g. zip=str. Types: int, "
+        "float, bool, date (YYYY-MM-DD), str. Every value must fit.",
+    )
+
+    def __init__(self, *args, sites, datasets, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["site"].queryset = sites
+        self.fields["dataset"].queryset = datasets
+        self.fields["dataset"].label_from_instance = lambda d: f"{d.title} ({d.site.slug}/{d.slug})"
+
+    def clean_types(self) -> dict[str, str]:
+        return parse_type_overrides(self.cleaned_data.get("types", ""))
+
+    def clean(self):
+        cleaned = super().clean()
+        dataset, site = cleaned.get("dataset"), cleaned.get("site")
+        if dataset is not None:
+            if site is not None and dataset.site_id != site.pk:
+                self.add_error("dataset", "This dataset is held at another site.")
+            cleaned["slug"], cleaned["title"] = dataset.slug, dataset.title
+        else:
+            if not cleaned.get("slug") and "slug" not in self.errors:
+                self.add_error("slug", "Give the new dataset a slug.")
+            elif site is not None and site.datasets.filter(slug=cleaned.get("slug")).exists():
+                self.add_error(
+                    "slug",
+                    "This site already has a dataset with this slug: choose it above to add a "
+                    "new version.",
+                )
+            if not cleaned.get("title", "").strip():
+                self.add_error("title", "Give the new dataset a title.")
+        markers = [m.strip() for m in cleaned.get("missing_markers", "").splitlines() if m.strip()]
+        cleaned["missing_values"] = ([""] if cleaned.get("empty_is_missing") else []) + markers
+        return cleaned

@@ -46,6 +46,27 @@ class DatasetVersion(models.Model):
     ciphertext_sha256 = models.CharField(max_length=64)
     store_key = models.CharField(max_length=512, help_text="Object key in the site's store.")
     profile = models.JSONField(default=dict, blank=True)
+    # How the source file was read (from ``sandbox.ingest.IngestResult``); blank for versions
+    # registered before these were recorded.
+    encoding = models.CharField(
+        max_length=32, blank=True, help_text='Python codec the source was read with, e.g. "cp1252".'
+    )
+    encoding_source = models.CharField(
+        max_length=16, blank=True, help_text='"declared", "bom" or "detected".'
+    )
+    delimiter = models.CharField(max_length=2, blank=True, help_text='",", ";" or a tab.')
+    delimiter_source = models.CharField(
+        max_length=16, blank=True, help_text='"declared", "detected" or "fallback".'
+    )
+    missing_values = models.JSONField(
+        default=list, blank=True, help_text='Cell values read as missing, e.g. ["", "NA"].'
+    )
+    source_bytes = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Size of the source file in bytes."
+    )
+    source_sha256 = models.CharField(
+        max_length=64, blank=True, help_text="SHA-256 (hex) of the source file as uploaded."
+    )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )
@@ -62,6 +83,11 @@ class DatasetVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.dataset} v{self.version}"
+
+    @property
+    def delimiter_name(self) -> str:
+        """The delimiter as a word ("comma", "semicolon", "tab"), or the character itself."""
+        return {",": "comma", ";": "semicolon", "\t": "tab"}.get(self.delimiter, self.delimiter)
 
 
 class AccessStatus(models.TextChoices):

@@ -95,3 +95,29 @@ def releases_for_steward(*, user):
         if release.sites_to_decide:
             out.append(release)
     return out
+
+
+def upload_sites(*, user):
+    """Sites where ``user`` may upload datasets: a data steward of the site's institution, and the
+    site runs beside the portal (``sandbox.sitestore.local_site_storage``). A queryset."""
+    from federation.models import Site
+    from portal.models import Role
+    from sandbox.sitestore import local_site_storage
+
+    stewarded = Site.objects.filter(
+        institution__memberships__user=user, institution__memberships__role=Role.DATA_STEWARD
+    ).distinct()
+    local = [s.pk for s in stewarded if local_site_storage(s) is not None]
+    return Site.objects.filter(pk__in=local).select_related("institution").order_by("slug")
+
+
+def is_steward(*, user) -> bool:
+    """Whether ``user`` is a data steward of any institution."""
+    from portal.models import Role
+
+    return user.memberships.filter(role=Role.DATA_STEWARD).exists()
+
+
+def dataset_versions(*, dataset):
+    """Every version of ``dataset``, newest first, with who registered it."""
+    return dataset.versions.select_related("created_by").order_by("-version")

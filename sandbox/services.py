@@ -1,15 +1,59 @@
-"""Writes of the sandbox: dataset registration (metadata only) and access decisions."""
+"""Writes of the sandbox: dataset ingest and registration (metadata only), site key rotation,
+access decisions and airlock releases.
+
+Access decisions (approve, refuse, revoke) and model-release decisions each append a leaf to the
+portal's ledger (``accounting.services.ledger.ledger_append``) in the same transaction as the
+decision, so the Merkle log and the database never disagree.
+
+Ingest and key rotation touch a site's object store, which no database transaction covers; they are
+ordered so that a failure leaves nothing behind (ingest: the object is deleted when its row cannot be
+written) or can be finished by running them again (rotation). Concurrent ingests of one dataset, and
+an ingest during a key rotation of its site, are kept apart by PostgreSQL advisory locks.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 
-from django.db import transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
 from portal.services import audit_record
+from sandbox.crypto import associated_data
+from sandbox.ingest import IngestError, ingest_csv, store_key_for
+from sandbox.keyring import KeyringError, SiteKeyring, rewrap_object
 from sandbox.models import AccessRequest, AccessStatus, Dataset, DatasetVersion
+from sandbox.storage import ObjectStore, StorageError
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "AccessError",
+    "DatasetError",
+    "IngestError",
+    "KeyRotation",
+    "KeyringError",
+    "ReleaseError",
+    "StorageError",
+]
+
+
+def _ledger(kind: str, **record) -> None:
+    """Append a ledger leaf (inside the caller's transaction)."""
+    from accounting.services.ledger import ledger_append
+
+    ledger_append(kind=kind, record=record)
+
+
+def _user_id(user) -> int | None:
+    return user.pk if getattr(user, "is_authenticated", False) else None
 
 
 def dataset_next_version(*, site, slug: str) -> int:
@@ -26,13 +70,19 @@ def dataset_version_register(
 ) -> DatasetVersion:
     """Record the metadata of a finished site-side ingest (``sandbox.ingest.IngestResult``).
 
-    The rows stay in the site's store; only schema, counts, hash, key and the suppressed profile are
-    stored. Raises ``IntegrityError`` when ``version`` was taken meanwhile.
+    The rows stay in the site's store; only schema, counts, hashes, key, the suppressed profile and
+    how the source was read (encoding, delimiter, missing-value markers, source size and SHA-256)
+    are stored. ``by`` may be ``None`` (a site operator's command). Raises ``IntegrityError`` when
+    ``version`` was taken meanwhile.
     """
     dataset, _ = Dataset.objects.get_or_create(
         site=site,
         slug=slug,
-        defaults={"title": title, "description": description, "created_by": by},
+        defaults={
+            "title": title,
+            "description": description,
+            "created_by": by if _user_id(by) else None,
+        },
     )
     dv = DatasetVersion.objects.create(
         dataset=dataset,
@@ -43,7 +93,14 @@ def dataset_version_register(
         ciphertext_sha256=result.ciphertext_sha256,
         store_key=result.store_key,
         profile=result.profile,
-        created_by=by,
+        encoding=getattr(result, "encoding", "") or "",
+        encoding_source=getattr(result, "encoding_source", "") or "",
+        delimiter=getattr(result, "delimiter", "") or "",
+        delimiter_source=getattr(result, "delimiter_source", "") or "",
+        missing_values=list(getattr(result, "missing_values", ()) or ()),
+        source_bytes=getattr(result, "source_bytes", None),
+        source_sha256=getattr(result, "source_sha256", "") or "",
+        created_by=by if _user_id(by) else None,
     )
     audit_record(
         by=by,
@@ -54,6 +111,304 @@ def dataset_version_register(
         sha256=result.ciphertext_sha256,
     )
     return dv
+
+
+# ---------------------------------------------------------------------------------------------
+# Ingest: a CSV file at the site → an encrypted object in the site's store + a version row
+# ---------------------------------------------------------------------------------------------
+
+
+class DatasetError(Exception):
+    """A dataset cannot be ingested or its site's key rotated; the message says why."""
+
+
+_LOCK_CLASS = 0x53424F58  # "SBOX": first key of the (int, int) advisory locks below
+
+
+def _dataset_lock_key(site, slug: str) -> int:
+    digest = hashlib.sha256(f"frp-dataset/{site.pk}/{slug}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+@contextlib.contextmanager
+def _advisory_lock(*, site, slug: str | None, busy: str):
+    """Hold PostgreSQL session advisory locks while the body runs, or raise ``DatasetError(busy)``.
+
+    With ``slug``: the site lock shared (other datasets of the site may ingest meanwhile) and an
+    exclusive lock on the dataset. Without: the site lock exclusive (key rotation). Non-blocking:
+    a concurrent holder makes this fail at once with ``busy``. No-op on other databases.
+    """
+    if connection.vendor != "postgresql":
+        yield
+        return
+    taken: list[tuple[str, list]] = []
+    try:
+        with connection.cursor() as cursor:
+            wanted = (
+                [
+                    ("pg_try_advisory_lock_shared(%s, %s)", [_LOCK_CLASS, site.pk]),
+                    ("pg_try_advisory_lock(%s)", [_dataset_lock_key(site, slug)]),
+                ]
+                if slug is not None
+                else [("pg_try_advisory_lock(%s, %s)", [_LOCK_CLASS, site.pk])]
+            )
+            for call, args in wanted:
+                cursor.execute(f"SELECT {call}", args)
+                if not cursor.fetchone()[0]:
+                    raise DatasetError(busy)
+                taken.append((call.replace("pg_try_advisory_lock", "pg_advisory_unlock"), args))
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            for call, args in reversed(taken):
+                cursor.execute(f"SELECT {call}", args)
+
+
+def _object_sha256(store: ObjectStore, key: str) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with store.open(key) as stream:
+            while block := stream.read(1 << 20):
+                digest.update(block)
+    except StorageError:
+        return None
+    return digest.hexdigest()
+
+
+def _discard_object(store: ObjectStore, key: str, sha256: str) -> None:
+    """Delete object ``key`` if it is still the one this ingest wrote (its SHA-256 is ``sha256``):
+    a concurrent writer that won the version keeps its object."""
+    with contextlib.suppress(StorageError):
+        if _object_sha256(store, key) == sha256:
+            store.delete(key)
+
+
+def _site_key(keyring: SiteKeyring, site) -> bytes:
+    """The site's KEK; created on the site's very first ingest only (a missing key later is an
+    error: the site's existing objects need it)."""
+    if keyring.exists(site.slug):
+        return keyring.get(site.slug)
+    if DatasetVersion.objects.filter(dataset__site=site).exists():
+        return keyring.get(site.slug)  # raises KeyringError naming the places it looked
+    return keyring.create(site.slug)
+
+
+def dataset_ingest(
+    *,
+    by,
+    site,
+    path: Path,
+    slug: str,
+    title: str = "",
+    description: str = "",
+    store: ObjectStore | None = None,
+    keyring: SiteKeyring | None = None,
+    encoding: str | None = None,
+    delimiter: str | None = None,
+    missing_values: Sequence[str] = ("",),
+    schema_override: Mapping[str, str] | None = None,
+    tmp_dir: Path | None = None,
+) -> DatasetVersion:
+    """Ingest the CSV at ``path`` into ``site``'s store and register it as the next version.
+
+    The site-side half is ``sandbox.ingest.ingest_csv`` (streaming, constant memory; ``encoding``
+    and ``delimiter`` ``None`` = detect; ``missing_values`` the dataset's markers;
+    ``schema_override`` ``{column: "int"|"float"|"bool"|"date"|"str"}``). The version number is
+    ``dataset_next_version``; the dataset ``slug`` is created with ``title`` and ``description``
+    on its first version (an existing dataset keeps its own). ``store`` and ``keyring`` default to
+    the site's local ones (``sandbox.sitestore``); the site's KEK is created on its very first
+    ingest. ``by`` is the data steward (checked: ``dataset.register`` on the site), or ``None``
+    for a site operator's command.
+
+    Not one transaction — the object is written before its row: if the row cannot be written
+    (another ingest took the version) the object is deleted again, so a failure leaves no object
+    and no row; an unregistered object at the new version's key (left by a crash between the two
+    writes) is removed first. Concurrent ingests of one dataset are refused (advisory lock), as is an ingest
+    while the site's key is being rotated.
+
+    Raises ``IngestError`` for a bad file (its message names the line and column), ``DatasetError``
+    for a refused request (permission, no local store, missing title, lost race, busy),
+    ``KeyringError`` for a missing or insecure key, ``StorageError`` when the store fails.
+    """
+    from portal.permissions import can
+    from sandbox.sitestore import local_site_storage
+
+    if by is not None and not can(by, "dataset.register", site):
+        raise DatasetError(f"only a data steward of {site.institution} registers datasets")
+    slug = (slug or "").strip()
+    if not Dataset.objects.filter(site=site, slug=slug).exists() and not (title or "").strip():
+        raise DatasetError("a new dataset needs a title")
+    if store is None or keyring is None:
+        local = local_site_storage(site)
+        if local is None:
+            raise DatasetError(
+                f"site {site.slug!r} has no store on this machine: ingest where the site runs, "
+                "with manage.py dataset_ingest --store URL --keyring DIR"
+            )
+        store = store if store is not None else local.store()
+        keyring = keyring if keyring is not None else local.keyring()
+    with _advisory_lock(
+        site=site,
+        slug=slug,
+        busy=f"another ingest of {site.slug}/{slug}, or a key rotation of site {site.slug}, is "
+        "running: try again when it has finished",
+    ):
+        kek = _site_key(keyring, site)
+        version = dataset_next_version(site=site, slug=slug)
+        orphan = store_key_for(site=site.slug, dataset=slug, version=version)
+        if store.exists(orphan):
+            # No row names it and we hold the dataset's lock: an earlier ingest crashed between
+            # writing the object and its row. It was never registered, so nothing refers to it.
+            log.warning("removing unregistered object %s left by an interrupted ingest", orphan)
+            store.delete(orphan)
+        result = ingest_csv(
+            Path(path),
+            site=site.slug,
+            dataset=slug,
+            version=version,
+            store=store,
+            kek=kek,
+            tmp_dir=tmp_dir,
+            encoding=encoding,
+            delimiter=delimiter,
+            missing_values=missing_values,
+            schema_override=schema_override,
+        )
+        try:
+            with transaction.atomic():
+                return dataset_version_register(
+                    by=by,
+                    site=site,
+                    slug=slug,
+                    title=title.strip(),
+                    version=version,
+                    result=result,
+                    description=description.strip(),
+                )
+        except IntegrityError:
+            _discard_object(store, result.store_key, result.ciphertext_sha256)
+            raise DatasetError(
+                f"version {version} of {site.slug}/{slug} was registered by another ingest "
+                "meanwhile; nothing was kept from this one: run it again"
+            ) from None
+        except BaseException:
+            _discard_object(store, result.store_key, result.ciphertext_sha256)
+            raise
+
+
+# ---------------------------------------------------------------------------------------------
+# Key rotation: a new KEK for a site, every data key re-wrapped (data never re-encrypted)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KeyRotation:
+    """Outcome of ``site_key_rotate``: versions re-wrapped now (``rewrapped``) and found already
+    re-wrapped by an interrupted earlier run (``already_done``); ``resumed`` when this run
+    finished an earlier rotation instead of starting one; ``retired`` the numbers of the previous
+    keys deleted at the end."""
+
+    site: str
+    rewrapped: int
+    already_done: int
+    resumed: bool
+    retired: list[int] = field(default_factory=list)
+
+
+def _rewrap_any(store, key: str, *, olds: list[bytes], new: bytes, aad: bytes, tmp_dir):
+    """``rewrap_object`` trying each previous key (newest first); the last error if none fits."""
+    error: KeyringError | None = None
+    for old in olds:
+        try:
+            return rewrap_object(store, key, old_kek=old, new_kek=new, aad=aad, tmp_dir=tmp_dir)
+        except KeyringError as exc:
+            error = exc
+    raise error or KeyringError(f"object {key!r}: no previous key to re-wrap from")
+
+
+def site_key_rotate(
+    *,
+    by,
+    site,
+    store: ObjectStore | None = None,
+    keyring: SiteKeyring | None = None,
+    tmp_dir: Path | None = None,
+) -> KeyRotation:
+    """Rotate ``site``'s key-encryption key and re-wrap the data key of every version of its datasets.
+
+    Steps: ``SiteKeyring.rotate`` (the old key stays as ``<site>.kek.<n>``); for each
+    ``DatasetVersion`` of the site, ``keyring.rewrap_object`` (only the 68-byte header changes) and
+    the object's new ``size_bytes``/``ciphertext_sha256`` written to its row at once; finally every
+    previous key is retired (deleted), so the old KEK opens nothing any more, and an audit event.
+
+    Crash-safe: while previous keys exist a rotation is unfinished, and this call finishes it
+    instead of rotating again — ``rewrap_object`` leaves objects already under the new key as
+    they are (reporting their hash, so a row not yet updated is corrected). ``store`` and
+    ``keyring`` default to the site's local ones (``sandbox.sitestore``); ``by`` is a data steward
+    of the site (checked) or ``None`` for a site operator.
+
+    Raises ``DatasetError`` (permission, no local store, an ingest running), ``KeyringError`` (no
+    key, a key set by environment variable, an object no kept key opens — the previous keys are
+    then kept, so nothing becomes unreadable) or ``StorageError``.
+    """
+    from portal.permissions import can
+    from sandbox.sitestore import local_site_storage
+
+    if by is not None and not can(by, "dataset.register", site):
+        raise DatasetError(f"only a data steward of {site.institution} rotates its site key")
+    if store is None or keyring is None:
+        local = local_site_storage(site)
+        if local is None:
+            raise DatasetError(f"site {site.slug!r} has no store and keyring on this machine")
+        store = store if store is not None else local.store()
+        keyring = keyring if keyring is not None else local.keyring()
+    with _advisory_lock(
+        site=site,
+        slug=None,
+        busy=f"an ingest or another key rotation of site {site.slug} is running: try again later",
+    ):
+        previous = keyring.previous(site.slug)
+        resumed = bool(previous)
+        if not resumed:
+            keyring.rotate(site.slug)
+            previous = keyring.previous(site.slug)
+        new = keyring.get(site.slug)
+        olds = [keyring.get_previous(site.slug, n) for n in reversed(previous)]
+        rewrapped = already = 0
+        versions = (
+            DatasetVersion.objects.filter(dataset__site=site)
+            .select_related("dataset")
+            .order_by("pk")
+        )
+        for dv in versions:
+            aad = associated_data(site=site.slug, dataset=dv.dataset.slug, version=dv.version)
+            out = _rewrap_any(store, dv.store_key, olds=olds, new=new, aad=aad, tmp_dir=tmp_dir)
+            rewrapped += out.changed
+            already += not out.changed
+            if (dv.size_bytes, dv.ciphertext_sha256) != (out.size_bytes, out.ciphertext_sha256):
+                DatasetVersion.objects.filter(pk=dv.pk).update(
+                    size_bytes=out.size_bytes, ciphertext_sha256=out.ciphertext_sha256
+                )
+        for n in previous:
+            keyring.retire(site.slug, n)
+        with transaction.atomic():
+            audit_record(
+                by=by,
+                action="site.key_rotate",
+                target=site,
+                institution=site.institution,
+                rewrapped=rewrapped,
+                already_done=already,
+                resumed=resumed,
+                retired=previous,
+            )
+    return KeyRotation(
+        site=site.slug,
+        rewrapped=rewrapped,
+        already_done=already,
+        resumed=resumed,
+        retired=list(previous),
+    )
 
 
 @transaction.atomic
@@ -89,7 +444,23 @@ def access_request_approve(
         institution=request.dataset.site.institution,
         expires_at=expires_at.isoformat() if expires_at else None,
     )
+    _ledger_access(request, decision="approve")
     return request
+
+
+def _ledger_access(request: AccessRequest, *, decision: str) -> None:
+    """The ledger leaf of an access decision (``approve``, ``refuse``, ``revoke``)."""
+    _ledger(
+        "access_decision",
+        access_request=request.pk,
+        dataset=request.dataset_id,
+        project=request.project_id,
+        decision=decision,
+        by=request.decided_by_id,
+        time=request.decided_at.isoformat(),
+        expires_at=request.expires_at.isoformat() if request.expires_at else None,
+        reason=request.decision_reason,
+    )
 
 
 def _check_steward(by, request: AccessRequest) -> None:
@@ -154,6 +525,7 @@ def _access_close(request: AccessRequest, *, by, status: str, reason: str) -> Ac
         institution=request.dataset.site.institution,
         reason=reason,
     )
+    _ledger_access(request, decision=verb)
     return request
 
 
@@ -203,6 +575,30 @@ def _release_settle(release) -> None:
         target=release,
         institution=release.job.project.institution,
     )
+    _ledger(
+        "model_release",
+        release=release.pk,
+        job=release.job_id,
+        site=None,
+        decision=str(release.status),
+        by=None,
+        by_rule=False,
+        time=release.decided_at.isoformat(),
+    )
+
+
+def _ledger_release_decision(decision) -> None:
+    """The ledger leaf of one site's airlock decision (by its steward or by the dataset's rule)."""
+    _ledger(
+        "model_release",
+        release=decision.release_id,
+        job=decision.release.job_id,
+        site=decision.site.slug,
+        decision="approve" if decision.approve else "refuse",
+        by=decision.decided_by_id,
+        by_rule=decision.by_rule,
+        time=decision.decided_at.isoformat(),
+    )
 
 
 @transaction.atomic
@@ -225,13 +621,14 @@ def release_request(*, by, job):
     )
     for js in job.sites.select_related("dataset_version__dataset", "site"):
         if js.dataset_version.dataset.auto_release:
-            ReleaseDecision.objects.create(
+            decision = ReleaseDecision.objects.create(
                 release=release,
                 site=js.site,
                 approve=True,
                 by_rule=True,
                 reason="the dataset's auto-release rule",
             )
+            _ledger_release_decision(decision)
             audit_record(
                 by=None,
                 action="release.approve_by_rule",
@@ -262,9 +659,10 @@ def release_decide(*, by, release_id: int, site, approve: bool, reason: str = ""
         raise ReleaseError("give a reason for the refusal")
     if release.decisions.filter(site=site).exists():
         raise ReleaseError("this site has already decided")
-    ReleaseDecision.objects.create(
+    decision = ReleaseDecision.objects.create(
         release=release, site=site, approve=approve, decided_by=by, reason=reason.strip()
     )
+    _ledger_release_decision(decision)
     audit_record(
         by=by,
         action="release.approve" if approve else "release.refuse",

@@ -7,6 +7,7 @@ from sandbox import views
 app_name = "sandbox"
 urlpatterns = [
     path("datasets/", views.dataset_list, name="dataset_list"),
+    path("datasets/upload/", views.dataset_upload, name="dataset_upload"),
     path("datasets/<int:pk>/", views.dataset_detail, name="dataset_detail"),
     path("access-requests/", views.steward_queue, name="steward_queue"),
     path("access-requests/<int:pk>/decide/", views.request_decide, name="request_decide"),

@@ -1,19 +1,23 @@
-"""Views of the sandbox: dataset catalogue with profiles, access requests, the steward's queue."""
+"""Views of the sandbox: dataset catalogue with profiles, dataset upload, access requests, the
+steward's queue."""
 
 from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.core.files.uploadhandler import TemporaryFileUploadHandler
 from django.core.paginator import Paginator
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_POST
 
 from portal.models import Role
 from portal.permissions import can
 from sandbox import selectors, services
-from sandbox.forms import AccessRequestForm, DecisionForm
+from sandbox.forms import AccessRequestForm, DatasetUploadForm, DecisionForm
 from sandbox.models import AccessRequest, AccessStatus, Dataset, ModelRelease
 
 
@@ -22,7 +26,11 @@ def dataset_list(request):
     """The catalogue: every institution's datasets, metadata only, 25 per page."""
     q = request.GET.get("q", "").strip()
     page = Paginator(selectors.dataset_catalogue(q=q), 25).get_page(request.GET.get("page"))
-    return render(request, "sandbox/dataset_list.html", {"page_obj": page, "q": q})
+    return render(
+        request,
+        "sandbox/dataset_list.html",
+        {"page_obj": page, "q": q, "can_upload": selectors.is_steward(user=request.user)},
+    )
 
 
 @login_required
@@ -46,11 +54,80 @@ def dataset_detail(request, pk: int):
     mine = AccessRequest.objects.filter(
         dataset=dataset, project__memberships__user=request.user
     ).select_related("project")
+    versions = list(selectors.dataset_versions(dataset=dataset))
     return render(
         request,
         "sandbox/dataset_detail.html",
-        {"dataset": dataset, "version": dataset.latest_version, "form": form, "requests": mine},
+        {
+            "dataset": dataset,
+            "version": versions[0] if versions else None,
+            "versions": versions,
+            "form": form,
+            "requests": mine,
+            "can_upload": selectors.upload_sites(user=request.user)
+            .filter(pk=dataset.site_id)
+            .exists(),
+        },
     )
+
+
+@login_required
+@csrf_exempt  # the CSRF check runs in _dataset_upload, after the upload handler is chosen
+def dataset_upload(request):
+    """A data steward uploads a CSV as a new dataset or a new version (site beside the portal).
+
+    The file is streamed to a temporary file on disk (``TemporaryFileUploadHandler``, never held
+    in memory whatever its size), ingested and registered by ``services.dataset_ingest``; the
+    temporary file is deleted at the end of the request. 403 for anyone who is not a data steward.
+    """
+    if not selectors.is_steward(user=request.user):
+        raise PermissionDenied("Only data stewards upload datasets.")
+    request.upload_handlers = [TemporaryFileUploadHandler(request)]
+    return _dataset_upload(request)
+
+
+@csrf_protect
+def _dataset_upload(request):
+    sites = selectors.upload_sites(user=request.user)
+    datasets = Dataset.objects.filter(site__in=sites).select_related("site").order_by("title")
+    initial = {}
+    if request.method == "GET" and request.GET.get("dataset"):
+        chosen = datasets.filter(pk=request.GET["dataset"]).first()
+        if chosen is not None:
+            initial = {"dataset": chosen.pk, "site": chosen.site_id}
+    form = DatasetUploadForm(
+        request.POST or None,
+        request.FILES or None,
+        sites=sites,
+        datasets=datasets,
+        initial=initial,
+    )
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            dv = services.dataset_ingest(
+                by=request.user,
+                site=data["site"],
+                path=data["file"].temporary_file_path(),
+                slug=data["slug"],
+                title=data["title"],
+                description=data["description"],
+                encoding=data["encoding"] or None,
+                delimiter=data["delimiter"] or None,
+                missing_values=data["missing_values"],
+                schema_override=data["types"] or None,
+            )
+        except services.IngestError as exc:
+            form.add_error("file", f"{data['file'].name}: {exc}")
+        except (services.DatasetError, services.KeyringError, services.StorageError) as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(
+                request,
+                f"Version {dv.version} of {dv.dataset.title} registered: {dv.row_count} rows.",
+            )
+            return redirect("sandbox:dataset_detail", pk=dv.dataset_id)
+    return render(request, "sandbox/dataset_upload.html", {"form": form, "sites": sites})
 
 
 @login_required

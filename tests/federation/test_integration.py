@@ -8,6 +8,7 @@ hospital-a's CSV appear nowhere in the portal database, the SuperLink database o
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 
 import pytest
@@ -123,6 +124,10 @@ def test_canary_never_leaves_the_site(outcome, flower_job_world):
     replies = [json.loads(line) for line in log.read_text().splitlines()]
     kinds = {r["message_type"] for r in replies}
     assert {"query", "train", "evaluate"} <= kinds, kinds
+    # It is complete: one discovery reply per SuperNode, then a train and an evaluate reply per
+    # site and round (2 sites, 2 rounds) — so "absent from the log" means "never received".
+    assert Counter(r["message_type"] for r in replies) == {"query": 2, "train": 4, "evaluate": 4}
+    assert {r["node_id"] for r in replies} == {s.node_id for s in outcome.sites}
     assert any(r["content"] and "arrays" in r["content"] for r in replies)  # model updates logged
     log_text = log.read_text()
     for canary in (CANARY_TEXT, CANARY_NUMBER):

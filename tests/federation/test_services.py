@@ -254,6 +254,8 @@ def test_callback_answers_sites_whose_grant_was_revoked(world, fake_superlink, l
     g.save()
     answer = services.job_callback_record(job_id=job.pk, payload=_round_payload(world, 1))
     assert answer["drop_sites"] == [world["versions"][1].dataset.site.slug]
+    dropped = job.sites.get(site=world["versions"][1].dataset.site)
+    assert dropped.status == JobSiteStatus.DROPPED and "round 1" in dropped.last_error
 
 
 def test_callback_for_finished_job_refused(world, fake_superlink, launch):
