@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 
 from django.conf import settings
@@ -17,6 +18,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
+from accounting.services.billing import price_rule_create
 from federation.models import ComputePool, Site
 from federation.runtime import LocalSite
 from portal.models import Institution, Project, Role
@@ -28,6 +30,8 @@ from sandbox.keyring import SiteKeyring
 from sandbox.storage import FilesystemStore
 
 DEMO_PASSWORD = "federated-demo-2026"  # noqa: S105 — printed by the run command; demo only
+# EUR per service unit of each hospital's pool (1 SU per core-hour, 0.25 SU per GiB-hour).
+DEMO_PRICE_PER_UNIT = (Decimal("0.0800"), Decimal("0.0600"), Decimal("0.0500"))
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,17 @@ def demo_seed(*, canary: str | None = None) -> Project:
                 slug=spec.slug, name=spec.name, email_domain=spec.domain
             )
             pool = ComputePool.objects.create(institution=inst, name=f"{spec.slug}-cpu", slots=2)
+            price_rule_create(
+                by=platform,
+                pool=pool,
+                effective_from=timezone.localdate(),
+                cpu_weight=Decimal("1"),
+                memory_weight=Decimal("0.25"),
+                gpu_weight=Decimal("0"),
+                price_per_unit=DEMO_PRICE_PER_UNIT[n],
+                currency=settings.FRP_BILLING_CURRENCY,
+                data_credit_rate=Decimal("0.10"),
+            )
             sites[spec.site] = Site.objects.create(
                 institution=inst, pool=pool, slug=spec.site, name=spec.site_name
             )

@@ -8,6 +8,7 @@ the filesystem transport, one store directory per site under ``FRP_VAR_DIR``. Pr
 from pathlib import Path
 
 import environ
+from celery.schedules import crontab
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -171,7 +172,17 @@ CELERY_BEAT_SCHEDULE = {
         # a tick not started before the next one is due is dropped: no backlog behind slow ticks
         "options": {"expires": _RECONCILE_SECONDS},
     },
+    # Close last month's invoices; hourly so a missed tick is caught up (the task is idempotent).
+    "accounting-invoice-close": {
+        "task": "accounting.invoice_close",
+        "schedule": crontab(minute=17),
+        "options": {"expires": 3000},
+    },
 }
+
+# --- Accounting ---------------------------------------------------------------------------------
+# The federation's one billing currency (ISO 4217) for price rules and invoices.
+FRP_BILLING_CURRENCY = env.str("FRP_BILLING_CURRENCY", default="EUR")
 
 # --- Federation ---------------------------------------------------------------------------------
 # Where the Flower CLI keeps its config.toml naming the SuperLink (see federation/superlink.py).
