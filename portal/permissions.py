@@ -33,6 +33,8 @@ ACTIONS = frozenset(
         "institution.admin",
         "dataset.register",
         "access.decide",
+        "credit.view",
+        "credit.edit",
     }
 )
 
@@ -43,7 +45,10 @@ def can(user, action: str, obj=None) -> bool:
     Actions: ``project.create`` (obj: None; researchers), ``project.view``, ``project.invite``
     (PI only), ``job.submit`` (obj: Project), ``job.view``, ``job.stop``
     (obj: FederatedJob), ``institution.admin`` (obj: Institution; platform admins too),
-    ``dataset.register`` (obj: Site), ``access.decide`` (obj: Dataset or Site).
+    ``dataset.register`` (obj: Site), ``access.decide`` (obj: Dataset or Site),
+    ``credit.view`` (obj: FederatedJob; project members, platform admins and the admins of the
+    project's institution or of an institution whose site took part), ``credit.edit``
+    (obj: FederatedJob; PIs of its project only).
     Unknown actions raise ``ValueError`` so a typo cannot silently allow or deny.
     """
     if action not in ACTIONS:
@@ -70,4 +75,16 @@ def can(user, action: str, obj=None) -> bool:
     if action == "access.decide":  # obj: a Dataset, or a Site
         site = getattr(obj, "site", obj)
         return _has_role(user, site.institution, Role.DATA_STEWARD)
+    if action == "credit.view":
+        if user.is_staff or _project_role(user, obj.project) is not None:
+            return True
+        involved = {
+            obj.project.institution_id,
+            *obj.sites.values_list("site__institution", flat=True),
+        }
+        return Membership.objects.filter(
+            user=user, institution__in=involved, role=Role.INSTITUTION_ADMIN
+        ).exists()
+    if action == "credit.edit":
+        return _project_role(user, obj.project) == ProjectRole.PRINCIPAL_INVESTIGATOR
     raise AssertionError(f"action {action!r} is listed in ACTIONS but not handled")
