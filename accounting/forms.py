@@ -113,7 +113,7 @@ class BaseCreditFormSet(forms.BaseFormSet):
 
 
 CreditFormSet = forms.formset_factory(
-    CreditContributorForm, formset=BaseCreditFormSet, extra=2, can_delete=True, max_num=60
+    CreditContributorForm, formset=BaseCreditFormSet, extra=1, can_delete=True, max_num=60
 )
 
 

@@ -110,6 +110,17 @@ class CreditView:
         return [line.contributor for line in self.lines]
 
     @property
+    def roles_used(self) -> list[credit.CreditRole]:
+        """The roles someone holds in this statement, in the standard's order."""
+        used = {slug for line in self.lines for slug in line.roles}
+        return [r for r in credit.ROLES if r.slug in used]
+
+    @property
+    def roles_unused(self) -> list[credit.CreditRole]:
+        used = {r.slug for r in self.roles_used}
+        return [r for r in credit.ROLES if r.slug not in used]
+
+    @property
     def paragraph(self) -> str:
         """The paper's contribution section (``credit.contribution_paragraph``)."""
         return credit.contribution_paragraph(self.contributors)

@@ -46,7 +46,6 @@ def statement(request, pk: int):
             "job": job,
             "credit": view,
             "can_edit": can(request.user, "credit.edit", job),
-            "roles": credit.ROLES,
             "standard": credit.STANDARD,
         },
     )
