@@ -28,7 +28,9 @@ class CreditError(Exception):
     whole (``str(exc)`` joins them)."""
 
     def __init__(
-        self, errors: Sequence[str] = (), row_errors: Mapping[int, Mapping[str, list[str]]] = None
+        self,
+        errors: Sequence[str] = (),
+        row_errors: Mapping[int, Mapping[str, list[str]]] | None = None,
     ):
         self.errors = list(errors)
         self.row_errors = {i: dict(e) for i, e in (row_errors or {}).items()}
@@ -148,7 +150,7 @@ def _clean_rows(rows: Sequence[Mapping], existing: Mapping[int, CreditContributo
     if not row_errors:
         total = sum(r["share"] for r in cleaned if r["share"] is not None)
         if total > 1.0 + SHARE_SUM_TOLERANCE:
-            errors.append(f"The shares add up to {credit.format_share(total)}; at most 100 %.")
+            errors.append(f"The shares add up to {total * 100:.1f} %; at most 100 %.")
     if errors or row_errors:
         raise CreditError(errors, row_errors)
     return cleaned

@@ -299,7 +299,7 @@ def test_update_shares_over_100_percent_rejected(scored):
 
     error = _attempt(scored, statement, lambda r: r[0].update(share=0.2))  # 0.2 + 1.0
 
-    assert error.errors == ["The shares add up to 120 %; at most 100 %."]
+    assert error.errors == ["The shares add up to 120.0 %; at most 100 %."]
 
 
 def test_update_empty_statement_rejected(scored):

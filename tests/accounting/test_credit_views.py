@@ -11,7 +11,7 @@ import re
 import pytest
 from django.test import Client
 
-from accounting.models import CreditStatement
+from accounting.models import ContributionScore, CreditStatement
 from accounting.services.credit import credit_statement_draft
 from portal.models import AuditEvent
 from tests.accounting.credit_world import build_credit_world, score
@@ -266,6 +266,8 @@ def test_draft_post_by_pi_stores_and_opens_edit_page(world):
     content = page.content.decode()
     assert content.count('type="checkbox" name="c-0-roles"') == 14
     assert 'name="c-2-share" id="id_c-2-share" value="42.00"' in content
+    template = content[content.index('<template id="empty-row">') :]
+    assert 'name="c-__prefix__-name"' in template.split("</template>")[0]
 
 
 def test_edit_page_without_statement_sends_pi_back(world):
@@ -310,6 +312,32 @@ def test_edit_post_by_pi_saves_and_paragraph_follows(world):
     assert "Edited by Grace Hopper on" in page
 
 
+def test_edit_post_unchanged_share_keeps_its_exact_value(world):
+    ContributionScore.objects.filter(job=world.job, site=world.sites["B"]).update(share=0.414637)
+    statement = credit_statement_draft(job=world.job)
+    data = _form_data(statement)
+    assert data["c-2-share"] == "41.46"  # what the page shows
+    data["c-0-roles"] = ["software"]
+
+    response = _client(world, "grace").post(_url(world, "edit/"), data)
+
+    assert response.status_code == 302
+    b = statement.contributors.get(name="Hospital B")
+    assert (b.share, b.share_method) == (0.414637, "exact")
+
+
+def test_edit_post_changed_share_marked_as_set_by_pi(world):
+    statement = credit_statement_draft(job=world.job)
+    data = _form_data(statement)
+    data["c-2-share"] = "40.5"
+
+    _client(world, "grace").post(_url(world, "edit/"), data)
+
+    b = statement.contributors.get(name="Hospital B")
+    assert (b.share, b.share_method) == (0.405, "pi")
+    assert "Set by the PI" in _text(_client(world, "ada").get(_url(world)))
+
+
 def test_edit_post_errors_inline_nothing_saved(world):
     statement = credit_statement_draft(job=world.job)
     data = _form_data(statement)
@@ -343,7 +371,9 @@ def test_edit_post_service_errors_shown(world):
     assert "Already listed in row 3." in re.split(r'data-row="', content)[4]
     data["c-3-name"] = "Hospital C"
     response = _client(world, "grace").post(_url(world, "edit/"), data)
-    assert "The shares add up to 130 %; at most 100 %." in html.unescape(response.content.decode())
+    assert "The shares add up to 130.0 %; at most 100 %." in html.unescape(
+        response.content.decode()
+    )
     assert not AuditEvent.objects.filter(action="credit.edit").exists()
 
 
