@@ -242,7 +242,13 @@ class BillingEntry(models.Model):
 
 
 class CreditStatement(models.Model):
-    """Who contributed what to one job, in CRediT roles; the project's PI may edit it."""
+    """Who contributed what to one job, in CRediT roles (ANSI/NISO Z39.104-2022).
+
+    Drafted from the job's data by ``accounting.services.credit.credit_statement_draft`` (which
+    refreshes it while ``edited_at`` is empty); once a PI of the job's project edits it
+    (``credit_statement_update``), ``edited_at``/``edited_by`` are set and drafting leaves it
+    alone (``edited_at`` stays even if the editor's account is deleted later).
+    """
 
     job = models.OneToOneField(
         "federation.FederatedJob", on_delete=models.PROTECT, related_name="credit_statement"
@@ -250,6 +256,7 @@ class CreditStatement(models.Model):
     edited_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )
+    edited_at = models.DateTimeField(null=True, blank=True, help_text="Last edit by a PI.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -257,8 +264,28 @@ class CreditStatement(models.Model):
         return f"credit for job {self.job_id}"
 
 
+class ContributorKind(models.TextChoices):
+    PERSON = "person", "Person"
+    INSTITUTION = "institution", "Institution"
+
+
+class ShareMethod(models.TextChoices):
+    """Where a contributor's share came from: a contribution method, or the PI."""
+
+    NONE = "", "—"
+    EXACT = "exact", "Exact Shapley"
+    GTG = "gtg", "GTG-Shapley"
+    DATA_VOLUME = "data_volume", "Data volume (secure aggregation)"
+    PI = "pi", "Set by the PI"
+
+
 class CreditContributor(models.Model):
-    """One contributor line: a person or an institution, its CRediT roles and share."""
+    """One contributor line: a person or an institution, its CRediT roles and share.
+
+    ``user``/``institution`` link the line to a portal account or institution when it has one
+    (lines a PI adds by hand have neither); ``roles`` are role slugs in the standard's order;
+    ``share`` is in [0, 1] or null (not measured), ``share_method`` says where it came from.
+    """
 
     statement = models.ForeignKey(
         CreditStatement, on_delete=models.CASCADE, related_name="contributors"
@@ -269,13 +296,26 @@ class CreditContributor(models.Model):
     institution = models.ForeignKey(
         "portal.Institution", null=True, blank=True, on_delete=models.PROTECT
     )
+    kind = models.CharField(
+        max_length=16, choices=ContributorKind.choices, default=ContributorKind.PERSON
+    )
     name = models.CharField(max_length=200)
     roles = models.JSONField(default=list, help_text="CRediT role slugs, e.g. data-curation.")
     share = models.FloatField(null=True, blank=True, help_text="Contribution share, 0–1.")
+    share_method = models.CharField(
+        max_length=16, choices=ShareMethod.choices, blank=True, default=ShareMethod.NONE
+    )
     position = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["statement", "position", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(share__isnull=True)
+                | (models.Q(share__gte=0) & models.Q(share__lte=1)),
+                name="credit_share_0_1",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name

@@ -18,3 +18,13 @@ urlpatterns += [
 ]
 
 # --- credit ----------------------------------------------------------------------------------
+
+from accounting.views import credit as credit_views  # noqa: E402
+
+urlpatterns += [
+    path("credit/jobs/<int:pk>/", credit_views.statement, name="credit_statement"),
+    path("credit/jobs/<int:pk>/credit.json", credit_views.statement_json, name="credit_json"),
+    path("credit/jobs/<int:pk>/credit.txt", credit_views.statement_text, name="credit_text"),
+    path("credit/jobs/<int:pk>/draft/", credit_views.statement_draft, name="credit_draft"),
+    path("credit/jobs/<int:pk>/edit/", credit_views.statement_edit, name="credit_edit"),
+]

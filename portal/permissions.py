@@ -36,6 +36,8 @@ ACTIONS = frozenset(
         "price.manage",
         "invoice.view",
         "job.view_cost",
+        "credit.view",
+        "credit.edit",
     }
 )
 
@@ -48,8 +50,10 @@ def can(user, action: str, obj=None) -> bool:
     (obj: FederatedJob), ``institution.admin`` (obj: Institution; platform admins too),
     ``dataset.register`` (obj: Site), ``access.decide`` (obj: Dataset or Site),
     ``price.manage`` (obj: ComputePool), ``invoice.view`` (obj: Invoice or Institution):
-    the institution's admins (and platform admins); ``job.view_cost`` (obj: FederatedJob): the
-    project's members and the admins of the project's and the job's sites' institutions.
+    the institution's admins (and platform admins); ``job.view_cost`` and ``credit.view``
+    (obj: FederatedJob): the project's members, platform admins and the admins of the
+    project's and the job's sites' institutions; ``credit.edit`` (obj: FederatedJob): PIs of
+    its project only.
     Unknown actions raise ``ValueError`` so a typo cannot silently allow or deny.
     """
     if action not in ACTIONS:
@@ -80,7 +84,7 @@ def can(user, action: str, obj=None) -> bool:
         return can(user, "institution.admin", obj.institution)
     if action == "invoice.view":
         return can(user, "institution.admin", getattr(obj, "institution", obj))
-    if action == "job.view_cost":
+    if action in {"job.view_cost", "credit.view"}:
         if user.is_staff or _project_role(user, obj.project) is not None:
             return True
         involved = {
@@ -90,4 +94,6 @@ def can(user, action: str, obj=None) -> bool:
         return Membership.objects.filter(
             user=user, institution_id__in=involved, role=Role.INSTITUTION_ADMIN
         ).exists()
+    if action == "credit.edit":
+        return _project_role(user, obj.project) == ProjectRole.PRINCIPAL_INVESTIGATOR
     raise AssertionError(f"action {action!r} is listed in ACTIONS but not handled")
