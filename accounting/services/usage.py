@@ -38,7 +38,7 @@ def _ledger_record(record: UsageRecord, job: FederatedJob) -> dict:
         "bytes_received": record.bytes_received,
         "bytes_sent": record.bytes_sent,
         "cores": record.cores,
-        "memory_gib": str(record.memory_gib),
+        "memory_gib": str(Decimal(record.memory_gib).quantize(Decimal("0.001"))),
         "gpus": record.gpus,
     }
 
