@@ -64,7 +64,7 @@ def job_contribution(*, user, job: FederatedJob) -> JobContribution:
     """Contribution scores and usage records of ``job`` for ``user``.
 
     Returns ``JobContribution(visible=False)`` when ``user`` may not view the job (``job.view``).
-    Two queries: scores (with sites) and usage records (with sites).
+    Queries: the permission check, scores (with sites), usage records (with sites).
     """
     if not can(user, "job.view", job):
         return JobContribution(visible=False)

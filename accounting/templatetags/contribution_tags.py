@@ -28,3 +28,11 @@ def bytes_human(value) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{size:.1f} GiB"
+
+
+@register.filter
+def percent(value, places: int = 1) -> str:
+    """A share in 0..1 as a percentage with ``places`` decimals (``0.625`` → ``62.5 %``)."""
+    if value is None:
+        return "—"
+    return f"{float(value) * 100:.{int(places)}f} %"

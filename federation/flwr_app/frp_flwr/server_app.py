@@ -328,7 +328,7 @@ def evaluate_contribution(
         total += n * acc
         examples[site] = n
         sites[site] = {
-            "examples": n * len(keys),
+            "examples": n,  # held-out rows, scored once per model in one pass
             "cpu_seconds": float(m["cpu-seconds"]),
             "wall_seconds": float(m["wall-seconds"]),
             "bytes_received": int(m["bytes-received"]),
