@@ -84,15 +84,16 @@ def _scores(job: FederatedJob) -> list[tuple[str, int, list[str], np.ndarray, in
             values = exact_shapley(n, table_utility(tables[str(rnd)]))
             out.append((ContributionMethod.EXACT, rnd, players, values, 1 << n))
     else:
-        estimate = gtg_shapley(
-            n,
-            run,
-            seed=int(posted.get("seed", 0)),
-            max_permutations=int(posted.get("permutations") or 0) or None,
-        )
-        out.append(
-            (ContributionMethod.GTG, WHOLE_RUN, players, estimate.values, estimate.evaluations)
-        )
+        for rnd in sorted(int(r) for r in tables):
+            estimate = gtg_shapley(
+                n,
+                table_utility(tables[str(rnd)]),
+                seed=int(posted.get("seed", 0)),
+                max_permutations=int(posted.get("permutations") or 0) or None,
+            )
+            out.append(
+                (ContributionMethod.GTG, rnd, players, estimate.values, estimate.evaluations)
+            )
     out.append((ContributionMethod.LOO, WHOLE_RUN, players, leave_one_out(n, run), n + 1))
     return out
 
@@ -107,7 +108,8 @@ def contribution_score_job(*, job: FederatedJob) -> list[ContributionScore]:
       is the whole run (raws sum to v(N) − v(∅), efficiency), rounds 1..T when per-round
       utilities were posted (v_t(∅) = the round's starting model);
     * ``gtg`` — GTG-Shapley (Liu et al. 2022) above 8 sites, on the coalitions the ServerApp
-      scored (prefixes of the same guided permutations, same seed and permutation budget);
+      scored (prefixes of the same guided permutations, same seed and permutation budget); for
+      the whole run and for each round whose utilities were posted;
     * ``loo`` — leave-one-out v(N) − v(N∖{i}), the cross-check;
     * ``data_volume`` — training examples per site, used alone when
       ``job.final_metrics["updates_hidden"]`` says individual updates were hidden (secure

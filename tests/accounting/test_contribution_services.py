@@ -195,9 +195,13 @@ def test_ten_sites_use_gtg_on_the_coalitions_the_serverapp_scored():
     method, coalitions, permutations = task.contribution_plan(n)
     assert method == "gtg" and permutations == 30
     table = {task.coalition_key(c): v(c) for c in coalitions}
+    round_1 = {
+        k: 0.5 + 0.5 * (x - 0.5) for k, x in table.items()
+    }  # half the gains: half the values
     players = [f"s{i}" for i in range(n)]
     job = running_job(n)
-    post(job, "contribution", **utilities_event(players, {"0": table}, permutations=permutations))
+    tables = {"0": table, "1": round_1}
+    post(job, "contribution", **utilities_event(players, tables, permutations=permutations))
     job = finish(job)
 
     contribution_score_job(job=job)
@@ -213,6 +217,8 @@ def test_ten_sites_use_gtg_on_the_coalitions_the_serverapp_scored():
     assert gtg["s0"].evaluations <= len(coalitions) < 2**n
     assert not _scores(job, "exact")
     assert len(_scores(job, "loo")) == n
+    per_round = _scores(job, "gtg", rnd=1)
+    assert [per_round[p].raw_value for p in players] == pytest.approx(values / 2, abs=1e-3)
 
 
 def test_plan_for_three_sites_is_every_coalition():

@@ -17,7 +17,7 @@ Flow of one run (one portal job):
    final metrics and the model. The run's own status stays with the SuperLink.
 4. **Contribution** (ADR 0008) — the app keeps, in memory, every round's starting global weights and
    each site's returned weights. After ``finished`` it rebuilds coalition models without retraining
-   (``task.coalition_run_model``; per round too when ≤ 8 sites), sends them all to every remaining
+   (``task.coalition_run_model``; per round too within a model budget), sends them all to every remaining
    site in ONE ``evaluate.coalitions`` message, and posts a ``contribution`` event with
    utility(S) = example-weighted accuracy of S's model across sites. The portal computes the
    Shapley values. A failure here is reported in the event and does not fail the run.
@@ -41,7 +41,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from frp_flwr.task import (
-    EXACT_MAX_SITES,
+    MAX_COALITION_MODELS,
     JobSpec,
     RoundLog,
     coalition_key,
@@ -281,9 +281,9 @@ def evaluate_contribution(
     """Score coalition models at every active site with one message each; return the event payload.
 
     ``players``: site ids, index = player number in ``rounds``. Models: the whole run for each
-    coalition of :func:`task.contribution_plan` (round key ``"0"``) and, with at most
-    ``EXACT_MAX_SITES`` players, every coalition of every round ``t`` (key ``str(t)``, model
-    ``w_{t−1} + Δ_S^t``). Utility = Σ_s n_s·acc_s(S) / Σ_s n_s over the sites that replied
+    coalition of :func:`task.contribution_plan` (round key ``"0"``) and, while the message stays
+    within ``MAX_COALITION_MODELS`` models, the same coalitions for every round ``t`` (key
+    ``str(t)``, model ``w_{t−1} + Δ_S^t``). Utility = Σ_s n_s·acc_s(S) / Σ_s n_s over the sites that replied
     (``n_s`` held-out examples). Returns ``{"players", "method", "permutations", "seed",
     "utilities": {round key: {coalition key: utility}}, "examples", "models", "sites" (metering),
     "wall_seconds", "errors"}``. Raises ``JobFailed`` when no site replies.
@@ -295,7 +295,7 @@ def evaluate_contribution(
     for coalition in coalitions:
         keys.append(f"0|{coalition_key(coalition)}")
         models.append(coalition_run_model(initial, rounds, coalition))
-    if len(players) <= EXACT_MAX_SITES:
+    if len(coalitions) * (len(rounds) + 1) <= MAX_COALITION_MODELS:
         for t, entry in enumerate(rounds, start=1):
             for coalition in coalitions:
                 keys.append(f"{t}|{coalition_key(coalition)}")

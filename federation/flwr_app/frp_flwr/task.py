@@ -288,8 +288,12 @@ def train_sgd(
 #: Most sites for which every coalition (2^n) is evaluated; above it, GTG-Shapley's coalitions.
 EXACT_MAX_SITES = 8
 
-#: Ceiling on coalition models in the one evaluation message when sampling (GTG-Shapley).
+#: Ceiling on whole-run coalitions when sampling (GTG-Shapley).
 MAX_SAMPLED_COALITIONS = 2048
+
+#: Per-round coalition models are added to the one evaluation message only while the message holds
+#: at most this many models in all (whole run + every round).
+MAX_COALITION_MODELS = 8192
 
 
 @dataclass
