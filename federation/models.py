@@ -170,7 +170,12 @@ class RoundMetric(models.Model):
 
 
 class SiteRoundMetric(models.Model):
-    """One site's reply in one round: examples, loss, accuracy and metered time."""
+    """One site's reply in one round: examples, loss, accuracy and metering.
+
+    Metered by the site's ClientApp over the round's train and evaluate messages: ``cpu_seconds``
+    (process CPU time), ``wall_seconds`` (elapsed), ``bytes_received``/``bytes_sent`` (protobuf
+    size of the model ArrayRecords in the messages it received / sent, without gRPC framing).
+    """
 
     job_site = models.ForeignKey(JobSite, on_delete=models.CASCADE, related_name="round_metrics")
     round = models.PositiveIntegerField()
@@ -183,6 +188,8 @@ class SiteRoundMetric(models.Model):
     eval_accuracy = models.FloatField(null=True)
     cpu_seconds = models.FloatField(default=0.0)
     wall_seconds = models.FloatField(default=0.0)
+    bytes_received = models.PositiveBigIntegerField(default=0)
+    bytes_sent = models.PositiveBigIntegerField(default=0)
 
     class Meta:
         ordering = ["job_site", "round"]

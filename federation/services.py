@@ -292,9 +292,75 @@ def _opt_float(value) -> float | None:
     return None if f != f else f  # NaN → None
 
 
+def _count(value) -> int:
+    """A non-negative integer count (bytes, examples) from a callback value; junk → 0."""
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError):
+        return 0
+
+
+#: ``final_metrics`` keys written by other events, kept when ``finished`` is delivered again.
+_KEPT_ON_FINISH = ("contribution", "flower")
+
+
+def _contribution(payload: dict, sites: dict[str, JobSite]) -> dict:
+    """The ``contribution`` event as stored in ``job.final_metrics["contribution"]``.
+
+    Shape: ``{"players": [site ids], "method": "exact"|"gtg", "permutations": int, "seed": int,
+    "utilities": {round key: {coalition key: float}}, "examples": {site: int}, "models": int,
+    "sites": {site: metering}, "errors": {site: str}, "wall_seconds": float}`` — round key ``"0"``
+    is the whole run, coalition keys are ascending player indexes joined by commas. An event
+    carrying ``error`` is stored as ``{"players": [...], "error": text}``. Raises ``JobError`` when
+    a player is not a site of the job or a utility is not a finite number.
+    """
+    players = [str(p) for p in payload.get("players") or []]
+    unknown = [p for p in players if p not in sites]
+    if unknown:
+        raise JobError(f"contribution names sites outside the job: {unknown}")
+    if payload.get("error"):
+        return {"players": players, "error": str(payload["error"])[:2000]}
+    utilities: dict[str, dict[str, float]] = {}
+    for rnd, table in (payload.get("utilities") or {}).items():
+        clean = {}
+        for key, value in table.items():
+            number = _opt_float(value)
+            if number is None or number in (float("inf"), float("-inf")):
+                raise JobError(f"utility of coalition {key!r} in round {rnd} is not a number")
+            clean[str(key)] = number
+        utilities[str(int(rnd))] = clean
+    metering_keys = ("examples", "cpu_seconds", "wall_seconds", "bytes_received", "bytes_sent")
+    return {
+        "players": players,
+        "method": str(payload.get("method", "")),
+        "permutations": _count(payload.get("permutations")),
+        "seed": _count(payload.get("seed")),
+        "utility": str(payload.get("utility", ""))[:200],
+        "utilities": utilities,
+        "examples": {str(k): _count(v) for k, v in (payload.get("examples") or {}).items()},
+        "models": _count(payload.get("models")),
+        "sites": {
+            str(site): {
+                k: (_opt_float(info.get(k)) or 0.0) if "seconds" in k else _count(info.get(k))
+                for k in metering_keys
+            }
+            for site, info in (payload.get("sites") or {}).items()
+            if site in sites
+        },
+        "errors": {str(k): str(v)[:500] for k, v in (payload.get("errors") or {}).items()},
+        "wall_seconds": _opt_float(payload.get("wall_seconds")),
+    }
+
+
 @transaction.atomic
 def job_callback_record(*, job_id: int, payload: dict) -> dict:
-    """Record one ServerApp event (``started``, ``round``, ``finished``, ``failed``); idempotent.
+    """Record one ServerApp event (``started``, ``round``, ``finished``, ``contribution``,
+    ``failed``); idempotent (a second delivery overwrites with the same values).
+
+    ``round`` stores each site's ``SiteRoundMetric`` including its metering (CPU/wall seconds,
+    ``bytes_received``/``bytes_sent``: protobuf size of the model ArrayRecords, bytes);
+    ``contribution`` stores the coalition utilities in ``job.final_metrics["contribution"]``
+    (see ``_contribution``).
 
     Returns the answer for the ServerApp: ``{"ok": true, "drop_sites": [site ids]}`` — sites whose
     grant is no longer valid, to be dropped from the next round. Raises ``JobError`` for an event on a
@@ -340,6 +406,8 @@ def job_callback_record(*, job_id: int, payload: dict) -> dict:
                     "eval_accuracy": _opt_float(info.get("eval_accuracy")),
                     "cpu_seconds": float(info.get("cpu_seconds", 0.0)),
                     "wall_seconds": float(info.get("wall_seconds", 0.0)),
+                    "bytes_received": _count(info.get("bytes_received")),
+                    "bytes_sent": _count(info.get("bytes_sent")),
                 },
             )
             js.rounds_completed = js.round_metrics.filter(ok=True).count()
@@ -363,7 +431,9 @@ def job_callback_record(*, job_id: int, payload: dict) -> dict:
                 },
             )
     elif event == "finished":
+        kept = {k: v for k, v in job.final_metrics.items() if k in _KEPT_ON_FINISH}
         job.final_metrics = {
+            **kept,
             "eval_accuracy": _opt_float(payload.get("eval_accuracy")),
             "eval_loss": _opt_float(payload.get("eval_loss")),
             "eval_examples": int(payload.get("eval_examples", 0)),
@@ -378,6 +448,9 @@ def job_callback_record(*, job_id: int, payload: dict) -> dict:
                     k: info.get(k) for k in ("eval_accuracy", "eval_loss", "eval_examples")
                 }
                 sites[slug].save(update_fields=["final_metrics"])
+    elif event == "contribution":
+        job.final_metrics = {**job.final_metrics, "contribution": _contribution(payload, sites)}
+        job.save(update_fields=["final_metrics"])
     elif event == "failed":
         job.failure_reason = str(payload.get("reason", "the ServerApp failed"))[:4000]
         job.status_detail = job.failure_reason
@@ -457,13 +530,15 @@ def _job_finish(*, job_id: int, run: superlink.RunStatus) -> FederatedJob:
         job.status_detail = "the run finished without reporting final results to the portal"
     job.status = status
     job.finished_at = timezone.now()
+    if run.usage:  # Flower's own per-run figures, for the usage cross-check
+        job.final_metrics = {**job.final_metrics, "flower": run.usage}
     if status == JobStatus.COMPLETED:
         job.status_detail = f"Flower run {run.run_id} completed"
     elif status == JobStatus.FAILED and not job.status_detail.startswith("the run finished"):
         job.status_detail = job.failure_reason or run.details or f"Flower run {run.run_id} failed"
     else:
         job.status_detail = f"Flower run {run.run_id} {run.sub_status}"
-    job.save(update_fields=["status", "status_detail", "finished_at"])
+    job.save(update_fields=["status", "status_detail", "finished_at", "final_metrics"])
     site_status = JobSiteStatus.COMPLETED if status == JobStatus.COMPLETED else JobSiteStatus.FAILED
     job.sites.exclude(status__in=[JobSiteStatus.DROPPED, JobSiteStatus.FAILED]).update(
         status=site_status

@@ -6,6 +6,11 @@ Contract:
   federation named in ``$FLWR_HOME/config.toml``; returns the run id (uint64) as a string.
 - ``run_status(run_id)`` / ``runs_status([run_id, …])`` return ``RunStatus`` values (``status`` is ``pending|starting|running|finished``,
   ``sub_status`` is ``completed|failed|stopped`` once finished, plus details and usage figures).
+  ``RunStatus.usage`` is what flwr 1.42 reports per run (``flwr ls --format json``: ``elapsed``,
+  ``network-traffic.{inbound,outbound}-bytes``, ``compute-time.{serverapp,clientapp}-seconds``):
+  whole-run totals over all SuperNodes. Flower exposes no per-node (per-site) compute time or
+  traffic, so the portal's per-site usage comes from the ClientApp's own metering and these totals
+  serve only as a run-level cross-check.
 - ``run_stop(run_id)`` asks the SuperLink to stop a run.
 
 Every call uses ``--format json`` and checks ``success`` (the CLI exits 0 even on error). Failures
@@ -43,6 +48,26 @@ class RunStatus:
     @property
     def is_finished(self) -> bool:
         return self.status == "finished"
+
+    @property
+    def usage(self) -> dict[str, float | int]:
+        """Flower's per-run figures: ``elapsed_seconds``, ``bytes_inbound``/``bytes_outbound``
+        (SuperLink ↔ SuperNodes traffic, bytes), ``serverapp_seconds``/``clientapp_seconds``
+        (compute time, s). Keys the CLI did not report are left out (``{}`` when none)."""
+        traffic = self.raw.get("network-traffic") or {}
+        compute = self.raw.get("compute-time") or {}
+        fields = {
+            "elapsed_seconds": (self.raw.get("elapsed"), float),
+            "bytes_inbound": (traffic.get("inbound-bytes"), int),
+            "bytes_outbound": (traffic.get("outbound-bytes"), int),
+            "serverapp_seconds": (compute.get("serverapp-seconds"), float),
+            "clientapp_seconds": (compute.get("clientapp-seconds"), float),
+        }
+        out: dict[str, float | int] = {}
+        for key, (value, kind) in fields.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                out[key] = kind(value)
+        return out
 
 
 @dataclass(frozen=True)

@@ -322,3 +322,131 @@ def test_sanitise_strips_absolute_path():
 
 def test_sanitise_bounds_length():
     assert len(task.sanitise("x" * 1000)) == 300
+
+
+# ---------------------------------------------------------------------------------------------
+# Contribution: coalition models rebuilt from logged rounds
+# ---------------------------------------------------------------------------------------------
+
+
+def _federated_run(num_rounds: int = 3):
+    """A real 3-site FedAvg run with ``train_sgd``; returns (initial, logs, final global weights).
+
+    The final model is computed here with its own FedAvg loop (example-weighted mean of the sites'
+    returned weights), independent of ``task.fedavg_delta``.
+    """
+    X, y = load_breast_cancer(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    parts = [(X[:120], y[:120]), (X[120:160], y[120:160]), (X[160:400], y[160:400])]
+    initial = task.init_params(X.shape[1], 2)
+    weights = [a.copy() for a in initial]
+    logs = []
+    for rnd in range(1, num_rounds + 1):
+        updates, counts = {}, {}
+        for i, (Xi, yi) in enumerate(parts):
+            if rnd == 2 and i == 1:
+                continue  # site 1 misses round 2 (timed out)
+            updates[i], _ = task.train_sgd(
+                weights, Xi, yi, epochs=1, learning_rate=0.1, batch_size=32, seed=rnd
+            )
+            counts[i] = len(yi)
+        logs.append(
+            task.RoundLog(start=[a.copy() for a in weights], updates=updates, examples=counts)
+        )
+        total = sum(counts.values())
+        weights = [sum(counts[i] * updates[i][j] for i in updates) / total for j in range(2)]
+    return initial, logs, weights
+
+
+def test_coalition_of_all_sites_is_the_real_final_model():
+    initial, logs, final = _federated_run()
+
+    rebuilt = task.coalition_run_model(initial, logs, frozenset({0, 1, 2}))
+
+    for got, want in zip(rebuilt, final, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+def test_coalition_of_one_site_follows_that_sites_own_steps():
+    initial, logs, _ = _federated_run()
+
+    rebuilt = task.coalition_run_model(initial, logs, frozenset({1}))
+
+    # Site 1's own trajectory: the initial model plus each of its steps (none in round 2).
+    expected = [
+        initial[j] + sum(log.updates[1][j] - log.start[j] for log in logs if 1 in log.updates)
+        for j in range(2)
+    ]
+    for got, want in zip(rebuilt, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+    assert not np.allclose(rebuilt[0], task.coalition_run_model(initial, logs, frozenset({0}))[0])
+
+
+def test_empty_coalition_is_the_initial_model():
+    initial, logs, _ = _federated_run()
+
+    rebuilt = task.coalition_run_model(initial, logs, frozenset())
+
+    assert all(np.array_equal(a, b) for a, b in zip(rebuilt, initial, strict=True))
+
+
+@pytest.mark.parametrize("members", [(), (0,), (1, 2), (0, 1, 2)])
+def test_round_coalition_model_matches_portal_coalition_weights(members):
+    from accounting.contribution import coalition_weights
+
+    _, logs, _ = _federated_run()
+    log = logs[0]
+
+    got = task.coalition_round_model(log, frozenset(members))
+
+    want = coalition_weights(log.start, log.updates, log.examples, frozenset(members))
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_round_coalition_whose_members_missed_the_round_keeps_the_start():
+    _, logs, _ = _federated_run()
+
+    got = task.coalition_round_model(logs[1], frozenset({1}))  # site 1 missed round 2
+
+    assert all(np.array_equal(a, b) for a, b in zip(got, logs[1].start, strict=True))
+
+
+def test_stack_and_unstack_models_round_trip():
+    rng = np.random.default_rng(0)
+    models = [[rng.normal(size=(4, 3)), rng.normal(size=3)] for _ in range(5)]
+
+    stacked = task.stack_models(models)
+    back = task.unstack_models(stacked)
+
+    assert [a.shape for a in stacked] == [(5, 4, 3), (5, 3)]
+    for model, restored in zip(models, back, strict=True):
+        assert all(np.array_equal(x, y) for x, y in zip(model, restored, strict=True))
+
+
+@pytest.mark.parametrize("n", [9, 10, 13])
+def test_gtg_plan_covers_every_coalition_gtg_shapley_asks_for(n):
+    from accounting.contribution import gtg_shapley
+
+    method, coalitions, permutations = task.contribution_plan(n, seed=5)
+    planned = set(coalitions)
+    asked = set()
+    rng = np.random.default_rng(n)
+    values = {}
+
+    def utility(c):  # arbitrary values, so truncation and convergence vary
+        asked.add(c)
+        return values.setdefault(c, float(rng.uniform()) if c else 0.0)
+
+    gtg_shapley(n, utility, seed=5, max_permutations=permutations, eps=0.0)
+
+    assert method == "gtg"
+    assert asked <= planned, sorted(map(sorted, asked - planned))[:3]
+    assert {frozenset(range(n)) - {i} for i in range(n)} <= planned  # leave-one-out
+
+
+def test_plan_above_the_coalition_budget_keeps_one_cycle():
+    method, coalitions, permutations = task.contribution_plan(50)
+
+    assert (method, permutations) == ("gtg", 50)
+    assert len(coalitions) <= 50 * 50 + 52

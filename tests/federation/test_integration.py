@@ -2,7 +2,9 @@
 
 PostgreSQL (the test database), a real Celery worker with beat on Redis, a real SuperLink and two
 SuperNodes, callbacks into the live server. Also the data-residency proof: canary values planted in
-hospital-a's CSV appear nowhere in the portal database, the SuperLink database or any log.
+hospital-a's CSV appear nowhere in the portal database, the SuperLink database or any log — nor in
+any reply the ServerApp received, including the sites' scores of the coalition models. Usage and
+contribution (issue 5) are computed from what the real run posted.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from django.apps import apps
 from django.core import serializers
 from django.db import connection
 
+from accounting.models import ContributionScore, UsageRecord
+from accounting.services.contribution import contribution_score_job
+from accounting.services.usage import usage_record_job
 from federation import services
 from federation.models import FederatedJob, JobSiteStatus, JobStatus, RoundMetric, SiteRoundMetric
 from sandbox.keyring import SiteKeyring
@@ -45,6 +50,9 @@ class Outcome:
     sites: list
     ok_site_rounds: int
     db_text: str
+    usage: list
+    scores: list
+    site_bytes: dict
 
 
 @pytest.fixture(scope="module")
@@ -68,12 +76,26 @@ def outcome(flower_job_world, django_db_blocker) -> Outcome:
             return j if j.is_terminal else None
 
         job = wait_for(done, timeout=240, what="the job to finish")
+        usage, scores = [], []
+        if job.status == JobStatus.COMPLETED:  # the lead's Celery task will call these two
+            usage_record_job(job=job)
+            contribution_score_job(job=job)
+            usage = list(UsageRecord.objects.filter(job=job).select_related("site"))
+            scores = list(ContributionScore.objects.filter(job=job).select_related("site"))
         return Outcome(
             job=job,
             rounds=list(RoundMetric.objects.filter(job=job).order_by("round")),
             sites=list(job.sites.all()),
             ok_site_rounds=SiteRoundMetric.objects.filter(job_site__job=job, ok=True).count(),
             db_text=_portal_database_text(),
+            usage=usage,
+            scores=scores,
+            site_bytes={
+                js.site.slug: [
+                    (m.bytes_received, m.bytes_sent) for m in js.round_metrics.order_by("round")
+                ]
+                for js in job.sites.select_related("site")
+            },
         )
 
 
@@ -91,6 +113,56 @@ def test_job_completes_with_round_metrics(outcome, flower_job_world):
     assert {s.status for s in outcome.sites} == {JobSiteStatus.COMPLETED}
     assert all(s.node_id.isdigit() and s.rounds_completed == 2 for s in outcome.sites)
     assert outcome.ok_site_rounds == 4
+
+
+def test_usage_recorded_per_site_from_real_metering(outcome):
+    job = outcome.job
+    assert job.status == JobStatus.COMPLETED
+    assert sorted(u.site.slug for u in outcome.usage) == ["hospital-a", "hospital-b"]
+    contribution = job.final_metrics["contribution"]
+    for u in outcome.usage:
+        assert u.rounds == 2 and u.cpu_seconds > 0 and u.wall_seconds >= u.cpu_seconds * 0.5
+        # Every round: the global model in (train and evaluate), the site's weights out (train).
+        per_round = outcome.site_bytes[u.site.slug]
+        assert len(per_round) == 2
+        assert all(r > 0 and 0 < s < r for r, s in per_round), per_round
+        extra = contribution["sites"][u.site.slug]
+        assert u.bytes_received == sum(r for r, _ in per_round) + extra["bytes_received"]
+        assert extra["bytes_received"] > per_round[0][1]  # all coalition models in one message
+        assert u.flower_compute_seconds is None  # Flower reports per run only
+    flower = job.final_metrics["flower"]
+    # Cross-check: the model payloads the sites metered fit inside Flower's own run traffic.
+    assert sum(u.bytes_sent for u in outcome.usage) <= flower["bytes_inbound"]
+    assert sum(u.bytes_received for u in outcome.usage) <= flower["bytes_outbound"]
+
+
+def test_contribution_scores_from_the_real_run(outcome):
+    job = outcome.job
+    contribution = job.final_metrics["contribution"]
+    assert contribution["method"] == "exact" and contribution["players"] == [
+        "hospital-a",
+        "hospital-b",
+    ]
+    run = contribution["utilities"]["0"]
+    assert set(run) == {"", "0", "1", "0,1"}
+    # The full coalition's rebuilt model is the real final model: same federated accuracy.
+    assert run["0,1"] == pytest.approx(job.final_metrics["eval_accuracy"], abs=1e-9)
+    assert contribution["utilities"]["2"]["0,1"] == pytest.approx(run["0,1"], abs=1e-9)
+    exact = [s for s in outcome.scores if s.method == "exact" and s.round == 0]
+    assert len(exact) == 2
+    assert sum(s.share for s in exact) == pytest.approx(1.0, abs=1e-9)
+    assert sum(s.raw_value for s in exact) == pytest.approx(run["0,1"] - run[""], abs=1e-9)
+    assert {s.method for s in outcome.scores} == {"exact", "loo"}
+    assert {s.round for s in outcome.scores if s.method == "exact"} == {0, 1, 2}
+    print(
+        "\ncontribution shares:",
+        {s.site.slug: round(s.share, 4) for s in exact},
+        "raw:",
+        {s.site.slug: round(s.raw_value, 4) for s in exact},
+        f"v(empty)={run['']:.4f} v(all)={run['0,1']:.4f}",
+        f"evaluation wall time {contribution['wall_seconds']:.2f} s,",
+        f"run elapsed {job.final_metrics['flower'].get('elapsed_seconds')} s",
+    )
 
 
 def test_canary_never_leaves_the_site(outcome, flower_job_world):
@@ -123,11 +195,19 @@ def test_canary_never_leaves_the_site(outcome, flower_job_world):
     (log,) = w.reply_log_dir.glob(f"job-{outcome.job.pk}-replies.jsonl")
     replies = [json.loads(line) for line in log.read_text().splitlines()]
     kinds = {r["message_type"] for r in replies}
-    assert {"query", "train", "evaluate"} <= kinds, kinds
+    assert {"query", "train", "evaluate", "evaluate.coalitions"} <= kinds, kinds
     # It is complete: one discovery reply per SuperNode, then a train and an evaluate reply per
-    # site and round (2 sites, 2 rounds) — so "absent from the log" means "never received".
-    assert Counter(r["message_type"] for r in replies) == {"query": 2, "train": 4, "evaluate": 4}
+    # site and round (2 sites, 2 rounds), then one coalition evaluation per site — so "absent
+    # from the log" means "never received".
+    assert Counter(r["message_type"] for r in replies) == {
+        "query": 2,
+        "train": 4,
+        "evaluate": 4,
+        "evaluate.coalitions": 2,
+    }
     assert {r["node_id"] for r in replies} == {s.node_id for s in outcome.sites}
+    scored = [r for r in replies if r["message_type"] == "evaluate.coalitions"]
+    assert all(len(r["content"]["metrics"]["coalition-accuracy"]) == 12 for r in scored)
     assert any(r["content"] and "arrays" in r["content"] for r in replies)  # model updates logged
     log_text = log.read_text()
     for canary in (CANARY_TEXT, CANARY_NUMBER):

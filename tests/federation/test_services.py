@@ -340,3 +340,112 @@ def test_reconcile_all_reads_all_runs_with_one_call(world, fake_superlink, launc
     tasks.job_reconcile_all_task()
     assert calls == [sorted([first.flower_run_id, "42"])]
     assert set(FederatedJob.objects.values_list("status", flat=True)) == {JobStatus.STOPPED}
+
+
+# ---------------------------------------------------------------------------------------------
+# Metering and contribution events
+# ---------------------------------------------------------------------------------------------
+
+
+def test_callback_round_stores_bytes_received_and_sent(world, fake_superlink, launch):
+    job = launch(world)
+    payload = _round_payload(world, 1)
+    a = world["versions"][0].dataset.site.slug
+    payload["sites"][a].update(bytes_received=3422, bytes_sent=1711)
+
+    services.job_callback_record(job_id=job.pk, payload=payload)
+
+    metric = SiteRoundMetric.objects.get(job_site__site__slug=a, round=1)
+    assert (metric.bytes_received, metric.bytes_sent) == (3422, 1711)
+    other = SiteRoundMetric.objects.exclude(pk=metric.pk).get()
+    assert (other.bytes_received, other.bytes_sent) == (0, 0)  # not reported: 0
+
+
+def _contribution_payload(world):
+    a, b = (v.dataset.site.slug for v in world["versions"])
+    return {
+        "event": "contribution",
+        "players": [a, b],
+        "method": "exact",
+        "utilities": {"0": {"": 0.5, "0": 0.7, "1": 0.6, "0,1": 0.9}, "1": {"": 0.5}},
+        "examples": {a: 10, b: 12},
+        "models": 5,
+        "sites": {
+            a: {
+                "examples": 50,
+                "cpu_seconds": 0.2,
+                "wall_seconds": 0.3,
+                "bytes_received": 900,
+                "bytes_sent": 0,
+            }
+        },
+        "wall_seconds": 2.5,
+    }
+
+
+def test_callback_contribution_stored_and_kept_when_finished_arrives_again(
+    world, fake_superlink, launch
+):
+    job = launch(world)
+    finished = {"event": "finished", "rounds": 2, "eval_accuracy": 0.9, "model": [[1.0]]}
+    services.job_callback_record(job_id=job.pk, payload=finished)
+    services.job_callback_record(job_id=job.pk, payload=_contribution_payload(world))
+    services.job_callback_record(job_id=job.pk, payload=finished)  # a re-delivery
+
+    job.refresh_from_db()
+    stored = job.final_metrics["contribution"]
+    assert stored["utilities"]["0"] == {"": 0.5, "0": 0.7, "1": 0.6, "0,1": 0.9}
+    assert stored["utilities"]["1"] == {"": 0.5}
+    assert stored["wall_seconds"] == 2.5 and stored["models"] == 5
+    a = world["versions"][0].dataset.site.slug
+    assert stored["sites"][a]["bytes_received"] == 900
+    assert job.final_metrics["eval_accuracy"] == 0.9
+
+
+def test_callback_contribution_naming_a_foreign_site_refused(world, fake_superlink, launch):
+    job = launch(world)
+    payload = _contribution_payload(world)
+    payload["players"] = [payload["players"][0], "elsewhere"]
+
+    with pytest.raises(services.JobError, match="elsewhere"):
+        services.job_callback_record(job_id=job.pk, payload=payload)
+
+    job.refresh_from_db()
+    assert "contribution" not in job.final_metrics
+
+
+def test_callback_contribution_with_non_number_utility_refused(world, fake_superlink, launch):
+    job = launch(world)
+    payload = _contribution_payload(world)
+    payload["utilities"]["0"]["0"] = "NaN"
+
+    with pytest.raises(services.JobError, match="not a number"):
+        services.job_callback_record(job_id=job.pk, payload=payload)
+
+
+def test_reconcile_keeps_flowers_run_figures(world, fake_superlink, launch):
+    job = launch(world)
+    FederatedJob.objects.filter(pk=job.pk).update(final_metrics={"eval_accuracy": 0.9})
+    raw = {
+        "elapsed": 12.0,
+        "network-traffic": {"inbound-bytes": 100, "outbound-bytes": 200, "total-bytes": 300},
+        "compute-time": {
+            "serverapp-seconds": 11.0,
+            "clientapp-seconds": 2.5,
+            "total-seconds": 13.5,
+        },
+    }
+    fake_superlink.status = superlink.RunStatus("7", "finished", "completed", "", raw)
+
+    job = services.job_reconcile(job_id=job.pk)
+
+    job.refresh_from_db()
+    assert job.status == JobStatus.COMPLETED
+    assert job.final_metrics["flower"] == {
+        "elapsed_seconds": 12.0,
+        "bytes_inbound": 100,
+        "bytes_outbound": 200,
+        "serverapp_seconds": 11.0,
+        "clientapp_seconds": 2.5,
+    }
+    assert job.final_metrics["eval_accuracy"] == 0.9

@@ -250,3 +250,41 @@ def test_run_stop_calls_flwr_stop(flwr, conn):
     superlink.run_stop(conn, "18446744073709551615")
 
     assert flwr.argv == ["stop", "18446744073709551615", "local-frp", "--format", "json"]
+
+
+def test_run_status_usage_reads_flowers_per_run_figures(flwr, conn):
+    # The JSON flwr 1.42 `ls --run-id` prints (flwr/cli/ls.py `_to_json`).
+    flwr.answer(
+        _ls(
+            "finished:completed",
+            elapsed=20.5,
+            **{
+                "network-traffic": {
+                    "inbound-bytes": 4096,
+                    "outbound-bytes": 8192,
+                    "total-bytes": 12288,
+                },
+                "compute-time": {
+                    "serverapp-seconds": 19.0,
+                    "clientapp-seconds": 1.25,
+                    "total-seconds": 20.25,
+                },
+            },
+        )
+    )
+
+    run = superlink.run_status(conn, "7")
+
+    assert run.usage == {
+        "elapsed_seconds": 20.5,
+        "bytes_inbound": 4096,
+        "bytes_outbound": 8192,
+        "serverapp_seconds": 19.0,
+        "clientapp_seconds": 1.25,
+    }
+
+
+def test_run_status_usage_empty_when_not_reported(flwr, conn):
+    flwr.answer(_ls("running"))
+
+    assert superlink.run_status(conn, "7").usage == {}

@@ -12,8 +12,15 @@ Flow of one run (one portal job):
    message was sent to (SuperLink errors come from node 1). A site that errs or times out is dropped;
    fewer than ``min_sites`` replies fail the run.
 3. **Reporting** — after every round a signed callback to the portal with the aggregate and per-site
-   metrics; the portal may answer with sites to drop (revoked grants). At the end a ``finished``
-   callback with final metrics and the model. The run's own status stays with the SuperLink.
+   metrics (including each site's metering: CPU and wall seconds, bytes received and sent); the
+   portal may answer with sites to drop (revoked grants). At the end a ``finished`` callback with
+   final metrics and the model. The run's own status stays with the SuperLink.
+4. **Contribution** (ADR 0010) — the app keeps, in memory, every round's starting global weights and
+   each site's returned weights. After ``finished`` it rebuilds coalition models without retraining
+   (``task.coalition_run_model``; per round too within a model budget), sends them all to every remaining
+   site in ONE ``evaluate.coalitions`` message, and posts a ``contribution`` event with
+   utility(S) = example-weighted accuracy of S's model across sites. The portal computes the
+   Shapley values. A failure here is reported in the event and does not fail the run.
 
 Polling: ``Grid.send_and_receive`` sleeps 3 s between pulls; this app pushes and pulls itself every
 ``poll-interval`` seconds (0.2 s by default).
@@ -33,7 +40,20 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from frp_flwr.task import JobSpec, combine_sums, init_params, sanitise, sort_classes
+from frp_flwr.task import (
+    MAX_COALITION_MODELS,
+    JobSpec,
+    RoundLog,
+    coalition_key,
+    coalition_round_model,
+    coalition_run_model,
+    combine_sums,
+    contribution_plan,
+    init_params,
+    sanitise,
+    sort_classes,
+    stack_models,
+)
 
 log = logging.getLogger("frp_flwr.server")
 app = ServerApp()
@@ -239,7 +259,103 @@ def fan_out(
 
 def _site_metrics(reply: Message) -> dict:
     m = reply.content["metrics"]
-    return {k: float(v) for k, v in m.items()}
+    return {k: float(v) for k, v in m.items() if not isinstance(v, list)}
+
+
+def _arrays(record: ArrayRecord) -> list[np.ndarray]:
+    return [np.asarray(a, dtype=np.float64) for a in record.to_numpy_ndarrays()]
+
+
+def evaluate_contribution(
+    *,
+    grid: Grid,
+    players: list[str],
+    initial: list[np.ndarray],
+    rounds: list[RoundLog],
+    active: dict[str, int],
+    config: ConfigRecord,
+    timeout: float,
+    poll: float,
+    seed: int = 0,
+) -> dict:
+    """Score coalition models at every active site with one message each; return the event payload.
+
+    ``players``: site ids, index = player number in ``rounds``. Models: the whole run for each
+    coalition of :func:`task.contribution_plan` (round key ``"0"``) and, while the message stays
+    within ``MAX_COALITION_MODELS`` models, the same coalitions for every round ``t`` (key
+    ``str(t)``, model ``w_{t−1} + Δ_S^t``). Utility = Σ_s n_s·acc_s(S) / Σ_s n_s over the sites that replied
+    (``n_s`` held-out examples). Returns ``{"players", "method", "permutations", "seed",
+    "utilities": {round key: {coalition key: utility}}, "examples", "models", "sites" (metering),
+    "wall_seconds", "errors"}``. Raises ``JobFailed`` when no site replies.
+    """
+    t0 = time.monotonic()
+    method, coalitions, permutations = contribution_plan(len(players), seed=seed)
+    keys: list[str] = []
+    models: list[list[np.ndarray]] = []
+    for coalition in coalitions:
+        keys.append(f"0|{coalition_key(coalition)}")
+        models.append(coalition_run_model(initial, rounds, coalition))
+    if len(coalitions) * (len(rounds) + 1) <= MAX_COALITION_MODELS:
+        for t, entry in enumerate(rounds, start=1):
+            for coalition in coalitions:
+                keys.append(f"{t}|{coalition_key(coalition)}")
+                models.append(coalition_round_model(entry, coalition))
+    cfg = ConfigRecord({**dict(config.items()), "coalition-keys": keys})
+    stacked = ArrayRecord(stack_models(models))
+    msgs = [
+        Message(
+            RecordDict({"models": stacked, "config": cfg}),
+            dst_node_id=n,
+            message_type=f"{MessageType.EVALUATE}.coalitions",
+        )
+        for n in active.values()
+    ]
+    result = exchange(grid, msgs, timeout=timeout, poll=poll)
+    node_site = {n: s for s, n in active.items()}
+    if not result.replies:
+        errors = {node_site[n]: e for n, e in result.errors.items()}
+        raise JobFailed(f"no site scored the coalition models: {errors or 'timed out'}")
+    total = np.zeros(len(keys))
+    examples: dict[str, int] = {}
+    sites: dict[str, dict] = {}
+    for node, reply in result.replies.items():
+        site = node_site[node]
+        m = reply.content["metrics"]
+        n = int(m["num-examples"])
+        acc = np.asarray(m["coalition-accuracy"], dtype=np.float64)
+        if acc.shape != total.shape:
+            raise JobFailed(f"site {site!r} scored {acc.size} of {len(keys)} coalition models")
+        total += n * acc
+        examples[site] = n
+        sites[site] = {
+            "examples": n,  # held-out rows, scored once per model in one pass
+            "cpu_seconds": float(m["cpu-seconds"]),
+            "wall_seconds": float(m["wall-seconds"]),
+            "bytes_received": int(m["bytes-received"]),
+            "bytes_sent": int(m["bytes-sent"]),
+        }
+    weight = sum(examples.values())
+    if weight == 0:
+        raise JobFailed("no held-out examples at any site to score coalition models")
+    utilities: dict[str, dict[str, float]] = {}
+    for key, value in zip(keys, total / weight, strict=True):
+        rnd, members = key.split("|")
+        utilities.setdefault(rnd, {})[members] = float(value)
+    errors = {node_site[n]: e for n, e in result.errors.items()}
+    errors.update({node_site[n]: f"no reply within {timeout:.0f} s" for n in result.timed_out})
+    return {
+        "players": players,
+        "method": method,
+        "permutations": permutations,
+        "seed": seed,
+        "utility": "example-weighted held-out accuracy",
+        "utilities": utilities,
+        "examples": examples,
+        "models": len(keys),
+        "sites": sites,
+        "errors": errors,
+        "wall_seconds": time.monotonic() - t0,
+    }
 
 
 def run_job(grid: Grid, context: Context, reporter: Reporter) -> None:
@@ -286,6 +402,10 @@ def run_job(grid: Grid, context: Context, reporter: Reporter) -> None:
     )
     strategy = FedAvg(min_train_nodes=1, min_evaluate_nodes=1, min_available_nodes=1)
     node_site = {n: s for s, n in active.items()}
+    players = sorted(active)  # contribution players: index = position
+    player_of = {s: i for i, s in enumerate(players)}
+    initial = _arrays(arrays)
+    history: list[RoundLog] = []
 
     last_eval: dict[str, dict] = {}
     aggregate_eval: dict[str, float] = {}
@@ -312,6 +432,8 @@ def run_job(grid: Grid, context: Context, reporter: Reporter) -> None:
                 train_loss=m["train-loss"],
                 cpu_seconds=m["cpu-seconds"],
                 wall_seconds=m["wall-seconds"],
+                bytes_received=int(m["bytes-received"]),
+                bytes_sent=int(m["bytes-sent"]),
             )
         if len(train.replies) < spec.min_sites:
             reporter.post("round", {"round": rnd, "sites": sites_out, "partial": True})
@@ -319,6 +441,19 @@ def run_job(grid: Grid, context: Context, reporter: Reporter) -> None:
                 f"round {rnd}: {len(train.replies)} of {len(active)} sites replied "
                 f"(need {spec.min_sites})"
             )
+        history.append(
+            RoundLog(
+                start=_arrays(arrays),
+                updates={
+                    player_of[node_site[n]]: _arrays(r.content["arrays"])
+                    for n, r in train.replies.items()
+                },
+                examples={
+                    player_of[node_site[n]]: int(sites_out[node_site[n]]["train_examples"])
+                    for n in train.replies
+                },
+            )
+        )
         new_arrays, train_agg = strategy.aggregate_train(rnd, list(train.replies.values()))
         arrays = new_arrays
 
@@ -332,6 +467,8 @@ def run_job(grid: Grid, context: Context, reporter: Reporter) -> None:
                 eval_accuracy=m["eval-accuracy"],
                 cpu_seconds=entry.get("cpu_seconds", 0.0) + m["cpu-seconds"],
                 wall_seconds=entry.get("wall_seconds", 0.0) + m["wall-seconds"],
+                bytes_received=entry.get("bytes_received", 0) + int(m["bytes-received"]),
+                bytes_sent=entry.get("bytes_sent", 0) + int(m["bytes-sent"]),
             )
             last_eval[node_site[node]] = entry
         eval_agg = strategy.aggregate_evaluate(rnd, list(evaluation.replies.values())) or {}
@@ -366,6 +503,23 @@ def run_job(grid: Grid, context: Context, reporter: Reporter) -> None:
             "model": [a.tolist() for a in arrays.to_numpy_ndarrays()],
         },
     )
+    if not bool(cfg.get("contribution", True)):
+        return
+    try:
+        payload = evaluate_contribution(
+            grid=grid,
+            players=players,
+            initial=initial,
+            rounds=history,
+            active=active,
+            config=config,
+            timeout=round_timeout,
+            poll=poll,
+        )
+    except Exception as exc:  # contribution is an add-on: the trained model stands regardless
+        log.warning("contribution evaluation failed: %s", exc)
+        payload = {"players": players, "error": sanitise(f"{exc}", limit=1000)}
+    reporter.post("contribution", payload)
 
 
 @app.main()

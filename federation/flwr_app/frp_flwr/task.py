@@ -279,3 +279,133 @@ def train_sgd(
             b -= learning_rate * grad.sum(axis=0)
     loss, _ = loss_and_accuracy([W, b], X, y)
     return [W, b], loss
+
+
+# ---------------------------------------------------------------------------------------------
+# Contribution: coalition models rebuilt from the logged rounds (no retraining)
+# ---------------------------------------------------------------------------------------------
+
+#: Most sites for which every coalition (2^n) is evaluated; above it, GTG-Shapley's coalitions.
+EXACT_MAX_SITES = 8
+
+#: Ceiling on whole-run coalitions when sampling (GTG-Shapley).
+MAX_SAMPLED_COALITIONS = 2048
+
+#: Per-round coalition models are added to the one evaluation message only while the message holds
+#: at most this many models in all (whole run + every round).
+MAX_COALITION_MODELS = 8192
+
+
+@dataclass
+class RoundLog:
+    """One FedAvg round as the ServerApp saw it.
+
+    ``start``: the round's starting global weights (list of arrays, one per layer);
+    ``updates``: player index → the full weights that player returned (same shapes);
+    ``examples``: player index → training examples it used (> 0). Players that did not reply
+    this round are absent.
+    """
+
+    start: list[np.ndarray]
+    updates: dict[int, list[np.ndarray]]
+    examples: dict[int, int]
+
+
+def fedavg_delta(log: RoundLog, coalition: frozenset[int]) -> list[np.ndarray]:
+    """The coalition's example-weighted FedAvg step of one round, as a delta from ``log.start``.
+
+    ``Δ_S = Σ_{i∈S'} n_i (w_i − w_start) / Σ_{i∈S'} n_i`` over the members ``S'`` of ``S`` that
+    replied this round; zeros when none did (the coalition's model does not move).
+    """
+    members = sorted(i for i in coalition if i in log.updates)
+    if not members:
+        return [np.zeros_like(layer, dtype=np.float64) for layer in log.start]
+    total = float(sum(log.examples[i] for i in members))
+    delta = [np.zeros_like(layer, dtype=np.float64) for layer in log.start]
+    for i in members:
+        share = log.examples[i] / total
+        for acc, new, old in zip(delta, log.updates[i], log.start, strict=True):
+            acc += share * (np.asarray(new, dtype=np.float64) - old)
+    return delta
+
+
+def coalition_run_model(
+    initial: list[np.ndarray], rounds: list[RoundLog], coalition: frozenset[int]
+) -> list[np.ndarray]:
+    """The model coalition ``S`` would have reached, rebuilt from the logged rounds.
+
+    Song, Tong & Wei (2019, "Profit Allocation for Federated Learning", IEEE Big Data, the "MR"
+    reconstruction): ``w^S_0 = initial``, ``w^S_t = w^S_{t−1} + Δ_S^t`` with ``Δ_S^t`` the FedAvg
+    delta of ``S``'s members' round-``t`` updates (:func:`fedavg_delta`). The full coalition gives
+    back the real final global model; the empty one the initial model. Shapes as ``initial``.
+    """
+    weights = [np.array(layer, dtype=np.float64, copy=True) for layer in initial]
+    for log in rounds:
+        for acc, step in zip(weights, fedavg_delta(log, coalition), strict=True):
+            acc += step
+    return weights
+
+
+def coalition_round_model(log: RoundLog, coalition: frozenset[int]) -> list[np.ndarray]:
+    """Round-level coalition model ``w_{t−1} + Δ_S^t`` (per-round Shapley, as GTG-Shapley does)."""
+    return [
+        start + step for start, step in zip(log.start, fedavg_delta(log, coalition), strict=True)
+    ]
+
+
+def coalition_key(coalition: frozenset[int]) -> str:
+    """A coalition as text: member indices, ascending, comma-separated (``""`` is the empty one)."""
+    return ",".join(str(i) for i in sorted(coalition))
+
+
+def guided_permutations(n: int, count: int, seed: int) -> list[list[int]]:
+    """The permutations GTG-Shapley samples (Liu et al. 2022, guided sampling), in its order.
+
+    Permutation ``k`` puts player ``k mod n`` first and the others in the order of
+    ``numpy.random.default_rng(seed).permutation`` — the same generator calls as
+    ``accounting.contribution.gtg_shapley``, so the portal's GTG-Shapley asks only for prefixes
+    of these permutations (a test checks the two stay in step).
+    """
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(count):
+        leader = k % n
+        others = np.array([p for p in range(n) if p != leader], dtype=np.int64)
+        out.append([leader, *rng.permutation(others).tolist()])
+    return out
+
+
+def contribution_plan(n: int, *, seed: int = 0) -> tuple[str, list[frozenset[int]], int]:
+    """Which whole-run coalitions to evaluate for ``n`` players.
+
+    Returns ``(method, coalitions, permutations)``: ``"exact"`` with all ``2^n`` coalitions when
+    ``n <= EXACT_MAX_SITES``; else ``"gtg"`` with ∅, N, every N∖{i} (leave-one-out) and every
+    prefix of the first ``permutations`` guided permutations — at least one whole cycle of ``n``,
+    at most ``max(30, n)`` rounded up to whole cycles, fewer when the prefixes would exceed
+    ``MAX_SAMPLED_COALITIONS``. Coalitions are distinct, sorted by size then members.
+    """
+    everyone = frozenset(range(n))
+    if n <= EXACT_MAX_SITES:
+        coalitions = {frozenset(i for i in range(n) if mask >> i & 1) for mask in range(1 << n)}
+        return "exact", sorted(coalitions, key=lambda c: (len(c), sorted(c))), 0
+    wanted = -(-max(30, n) // n) * n
+    fixed = {frozenset(), everyone, *(everyone - {i} for i in range(n))}
+    per_cycle = n * n  # new prefixes at most, per cycle of n permutations
+    cycles = max(1, min(wanted // n, (MAX_SAMPLED_COALITIONS - len(fixed)) // per_cycle))
+    permutations = cycles * n
+    coalitions = set(fixed)
+    for order in guided_permutations(n, permutations, seed):
+        for k in range(1, n + 1):
+            coalitions.add(frozenset(order[:k]))
+    return "gtg", sorted(coalitions, key=lambda c: (len(c), sorted(c))), permutations
+
+
+def stack_models(models: list[list[np.ndarray]]) -> list[np.ndarray]:
+    """Stack K models layer by layer: layer ``j`` becomes one array of shape ``(K, *shape_j)``."""
+    return [np.stack([m[j] for m in models]) for j in range(len(models[0]))]
+
+
+def unstack_models(stacked: list[np.ndarray]) -> list[list[np.ndarray]]:
+    """Inverse of :func:`stack_models`: ``K`` models, each a list of layers."""
+    count = stacked[0].shape[0]
+    return [[layer[k] for layer in stacked] for k in range(count)]

@@ -1,0 +1,114 @@
+"""Reads of contribution and usage for the job page (``{% job_contribution job %}``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from accounting.models import ContributionMethod, ContributionScore, UsageRecord
+from federation.models import FederatedJob
+from portal.permissions import can
+
+#: Preferred method for the chart and the "share" column, best first.
+_MAIN = (ContributionMethod.EXACT, ContributionMethod.GTG, ContributionMethod.DATA_VOLUME)
+
+
+@dataclass
+class ContributionRow:
+    """One site's line: its main score (exact, GTG or data volume) and the leave-one-out check."""
+
+    site: object
+    method: str
+    method_label: str
+    raw_value: float
+    share: float
+    evaluations: int
+    loo_raw: float | None = None
+    loo_share: float | None = None
+
+
+@dataclass
+class JobContribution:
+    """Everything the job page shows about contribution and usage (no further queries needed).
+
+    ``rows``: per site, ordered by site slug; ``rounds``: ``{round: {site slug: share}}`` of the
+    per-round exact Shapley values (empty when not computed); ``usage``: ``UsageRecord`` list;
+    ``utilities``: v(∅) and v(N) of the whole run; ``hidden``: updates were hidden (secure
+    aggregation), so only data volume is shown; ``error``: why no contribution was measured.
+    """
+
+    visible: bool
+    rows: list[ContributionRow] = field(default_factory=list)
+    rounds: dict[int, dict[str, float]] = field(default_factory=dict)
+    usage: list = field(default_factory=list)
+    usage_totals: dict = field(default_factory=dict)
+    flower: dict = field(default_factory=dict)
+    v_empty: float | None = None
+    v_full: float | None = None
+    hidden: bool = False
+    error: str = ""
+    eval_wall_seconds: float | None = None
+    models_scored: int = 0
+
+    @property
+    def chart(self) -> dict:
+        """Chart.js data: site names and shares (0–1) of the main method."""
+        return {
+            "labels": [r.site.name for r in self.rows],
+            "shares": [round(r.share, 6) for r in self.rows],
+            "loo": [round(r.loo_share, 6) if r.loo_share is not None else None for r in self.rows],
+            "method": self.rows[0].method_label if self.rows else "",
+        }
+
+
+def job_contribution(*, user, job: FederatedJob) -> JobContribution:
+    """Contribution scores and usage records of ``job`` for ``user``.
+
+    Returns ``JobContribution(visible=False)`` when ``user`` may not view the job (``job.view``).
+    Queries: the permission check, scores (with sites), usage records (with sites).
+    """
+    if not can(user, "job.view", job):
+        return JobContribution(visible=False)
+    scores = list(ContributionScore.objects.filter(job=job).select_related("site"))
+    usage = list(UsageRecord.objects.filter(job=job).select_related("site"))
+    whole = [s for s in scores if s.round == 0]
+    main_method = next((m for m in _MAIN if any(s.method == m for s in whole)), None)
+    loo = {s.site_id: s for s in whole if s.method == ContributionMethod.LOO}
+    rows = [
+        ContributionRow(
+            site=s.site,
+            method=s.method,
+            method_label=ContributionMethod(s.method).label,
+            raw_value=s.raw_value,
+            share=s.share,
+            evaluations=s.evaluations,
+            loo_raw=loo[s.site_id].raw_value if s.site_id in loo else None,
+            loo_share=loo[s.site_id].share if s.site_id in loo else None,
+        )
+        for s in sorted(whole, key=lambda s: s.site.slug)
+        if s.method == main_method
+    ]
+    rounds: dict[int, dict[str, float]] = {}
+    for s in scores:
+        if s.round and s.method == ContributionMethod.EXACT:
+            rounds.setdefault(s.round, {})[s.site.slug] = s.share
+    posted = job.final_metrics.get("contribution") or {}
+    run_table = (posted.get("utilities") or {}).get("0") or {}
+    players = posted.get("players") or []
+    totals = {
+        k: sum(getattr(u, k) for u in usage)
+        for k in ("cpu_seconds", "wall_seconds", "examples", "bytes_received", "bytes_sent")
+    }
+    return JobContribution(
+        visible=True,
+        rows=rows,
+        rounds=dict(sorted(rounds.items())),
+        usage=sorted(usage, key=lambda u: u.site.slug),
+        usage_totals=totals,
+        flower=job.final_metrics.get("flower") or {},
+        v_empty=run_table.get(""),
+        v_full=run_table.get(",".join(str(i) for i in range(len(players)))),
+        hidden=bool(job.final_metrics.get("updates_hidden")),
+        error=str(posted.get("error", "")),
+        eval_wall_seconds=posted.get("wall_seconds"),
+        models_scored=int(posted.get("models") or 0),
+    )

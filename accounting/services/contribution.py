@@ -1,0 +1,170 @@
+"""Writes of contribution scores: Shapley values of each site from the posted coalition utilities.
+
+The ServerApp rebuilds coalition models from the logged rounds and the sites score them (ADR 0010);
+``job.final_metrics["contribution"]`` holds the utilities (see ``federation.services._contribution``).
+Here the math of ``accounting.contribution`` turns them into one ``ContributionScore`` per site and
+method: exact Shapley (whole run, and per round when the rounds were scored) for up to
+``EXACT_MAX_SITES`` sites, GTG-Shapley above, leave-one-out as a cross-check, and — when the job's
+updates were hidden (secure aggregation) — data volume only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from django.db import transaction
+from django.db.models import Sum
+
+from accounting.contribution import exact_shapley, gtg_shapley, leave_one_out, normalise
+from accounting.models import ContributionMethod, ContributionScore
+from accounting.services.ledger import ledger_append
+from federation.models import FederatedJob, SiteRoundMetric
+from portal.services import audit_record
+
+#: Most sites for which the whole-run value is exact Shapley (the ServerApp sends all 2^n).
+EXACT_MAX_SITES = 8
+
+#: Round number under which whole-run scores are stored.
+WHOLE_RUN = 0
+
+
+class ContributionError(Exception):
+    """The posted utilities cannot be turned into scores (missing coalition, unknown site)."""
+
+
+def _key(coalition: frozenset[int]) -> str:
+    return ",".join(str(i) for i in sorted(coalition))
+
+
+def table_utility(table: dict[str, float]) -> Callable[[frozenset[int]], float]:
+    """A utility over a table of coalition key (``"0,2"``; ``""`` = ∅) → value.
+
+    Raises ``ContributionError`` naming the coalition when the table lacks it.
+    """
+
+    def utility(coalition: frozenset[int]) -> float:
+        try:
+            return float(table[_key(coalition)])
+        except KeyError:
+            raise ContributionError(
+                f"no utility for coalition {{{_key(coalition)}}} was reported"
+            ) from None
+
+    return utility
+
+
+def _hidden(job: FederatedJob) -> bool:
+    return bool(job.final_metrics.get("updates_hidden"))
+
+
+def _scores(job: FederatedJob) -> list[tuple[str, int, list[str], np.ndarray, int]]:
+    """``(method, round, players, raw values, evaluations)`` for every score set of ``job``."""
+    if _hidden(job):
+        rows = (
+            SiteRoundMetric.objects.filter(job_site__job=job, ok=True)
+            .values("job_site__site__slug")
+            .annotate(n=Sum("train_examples"))
+            .order_by("job_site__site__slug")
+        )
+        players = [r["job_site__site__slug"] for r in rows]
+        raw = np.array([float(r["n"] or 0) for r in rows])
+        return [(ContributionMethod.DATA_VOLUME, WHOLE_RUN, players, raw, 0)] if players else []
+    posted = job.final_metrics.get("contribution") or {}
+    if not posted or posted.get("error"):
+        return []
+    players = list(posted["players"])
+    n = len(players)
+    tables = posted.get("utilities") or {}
+    run = table_utility(tables.get(str(WHOLE_RUN), {}))
+    out = []
+    if n <= EXACT_MAX_SITES:
+        out.append((ContributionMethod.EXACT, WHOLE_RUN, players, exact_shapley(n, run), 1 << n))
+        for rnd in sorted(int(r) for r in tables if int(r) != WHOLE_RUN):
+            values = exact_shapley(n, table_utility(tables[str(rnd)]))
+            out.append((ContributionMethod.EXACT, rnd, players, values, 1 << n))
+    else:
+        for rnd in sorted(int(r) for r in tables):
+            estimate = gtg_shapley(
+                n,
+                table_utility(tables[str(rnd)]),
+                seed=int(posted.get("seed", 0)),
+                max_permutations=int(posted.get("permutations") or 0) or None,
+            )
+            out.append(
+                (ContributionMethod.GTG, rnd, players, estimate.values, estimate.evaluations)
+            )
+    out.append((ContributionMethod.LOO, WHOLE_RUN, players, leave_one_out(n, run), n + 1))
+    return out
+
+
+def contribution_score_job(*, job: FederatedJob) -> list[ContributionScore]:
+    """Score every site's contribution to ``job`` from the utilities its ServerApp posted.
+
+    Methods (``ContributionMethod``), each stored per site with ``raw_value`` in utility units
+    (example-weighted held-out accuracy, 0..1) and ``share`` = :func:`normalise` of the raws:
+
+    * ``exact`` — Shapley (1953) by enumeration over all ``2^n`` coalitions, ``n <= 8``; round 0
+      is the whole run (raws sum to v(N) − v(∅), efficiency), rounds 1..T when per-round
+      utilities were posted (v_t(∅) = the round's starting model);
+    * ``gtg`` — GTG-Shapley (Liu et al. 2022) above 8 sites, on the coalitions the ServerApp
+      scored (prefixes of the same guided permutations, same seed and permutation budget); for
+      the whole run and for each round whose utilities were posted;
+    * ``loo`` — leave-one-out v(N) − v(N∖{i}), the cross-check;
+    * ``data_volume`` — training examples per site, used alone when
+      ``job.final_metrics["updates_hidden"]`` says individual updates were hidden (secure
+      aggregation), so no coalition model can be rebuilt.
+
+    Idempotent and safe to call twice (a lock on the job row; ``update_or_create``): a score is
+    appended to the ledger (``kind="contribution"``) only when first created. Returns the job's
+    scores (empty when no utilities were posted, or the evaluation reported an error).
+
+    Raises ``ContributionError`` when a needed coalition utility is missing or a player is not a
+    site of the job (nothing is written then).
+    """
+    with transaction.atomic():
+        job = FederatedJob.objects.select_for_update().get(pk=job.pk)
+        sites = {js.site.slug: js.site for js in job.sites.select_related("site__institution")}
+        results = _scores(job)
+        for _, _, players, _, _ in results[:1]:
+            unknown = [p for p in players if p not in sites]
+            if unknown:
+                raise ContributionError(f"contribution names sites outside the job: {unknown}")
+        scores = []
+        for method, rnd, players, raw, evaluations in results:
+            shares = normalise(raw)
+            for slug, value, share in zip(players, raw, shares, strict=True):
+                score, created = ContributionScore.objects.update_or_create(
+                    job=job,
+                    site=sites[slug],
+                    method=method,
+                    round=rnd,
+                    defaults={
+                        "raw_value": float(value),
+                        "share": float(share),
+                        "evaluations": evaluations,
+                    },
+                )
+                if created:
+                    ledger_append(
+                        kind="contribution",
+                        record={
+                            "job": job.pk,
+                            "site": slug,
+                            "method": str(method),
+                            "round": rnd,
+                            "raw_value": repr(float(value)),
+                            "share": repr(float(share)),
+                            "evaluations": evaluations,
+                        },
+                    )
+                scores.append(score)
+        if scores:
+            audit_record(
+                by=None,
+                action="contribution.score",
+                target=job,
+                institution=job.project.institution,
+                methods=sorted({str(m) for m, *_ in results}),
+            )
+        return scores
