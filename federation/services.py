@@ -544,6 +544,9 @@ def _job_finish(*, job_id: int, run: superlink.RunStatus) -> FederatedJob:
         status=site_status
     )
     audit_record(by=None, action=f"job.{status}", target=job, institution=job.project.institution)
+    from accounting.tasks import job_account_task  # accounting builds on federation, not back
+
+    transaction.on_commit(partial(job_account_task.delay, job.pk))
     return job
 
 

@@ -12,15 +12,23 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass
+from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.apps import apps
 from django.core import serializers
 from django.db import connection
+from django.utils import timezone
 
-from accounting.models import ContributionScore, UsageRecord
-from accounting.services.contribution import contribution_score_job
-from accounting.services.usage import usage_record_job
+from accounting.models import (
+    BillingEntry,
+    ContributionScore,
+    CreditStatement,
+    LedgerEntry,
+    PriceRule,
+    UsageRecord,
+)
 from federation import services
 from federation.models import FederatedJob, JobSiteStatus, JobStatus, RoundMetric, SiteRoundMetric
 from sandbox.keyring import SiteKeyring
@@ -53,6 +61,9 @@ class Outcome:
     usage: list
     scores: list
     site_bytes: dict
+    billing: list
+    credit_names: list
+    ledger_kinds: Counter
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +71,12 @@ def outcome(flower_job_world, django_db_blocker) -> Outcome:
     """Submit through ``job_submit`` (the worker launches and reconciles) and wait for the end."""
     w = flower_job_world
     with django_db_blocker.unblock():
+        for version in w.versions:  # a price on every pool, so the worker bills the job
+            PriceRule.objects.get_or_create(  # dear: a seconds-long job must cost whole cents
+                pool=version.dataset.site.pool,
+                effective_from=timezone.localdate() - timedelta(days=1),
+                defaults={"price_per_unit": Decimal("500"), "data_credit_rate": Decimal("0.5")},
+            )
         job = services.job_submit(
             by=w.researcher,
             project=w.project,
@@ -76,12 +93,15 @@ def outcome(flower_job_world, django_db_blocker) -> Outcome:
             return j if j.is_terminal else None
 
         job = wait_for(done, timeout=240, what="the job to finish")
-        usage, scores = [], []
-        if job.status == JobStatus.COMPLETED:  # the lead's Celery task will call these two
-            usage_record_job(job=job)
-            contribution_score_job(job=job)
-            usage = list(UsageRecord.objects.filter(job=job).select_related("site"))
-            scores = list(ContributionScore.objects.filter(job=job).select_related("site"))
+        if job.status == JobStatus.COMPLETED:  # the worker's accounting task ends with credit
+            wait_for(
+                lambda: CreditStatement.objects.filter(job=job).exists(),
+                timeout=60,
+                what="the worker's accounting task (job_account)",
+            )
+        usage = list(UsageRecord.objects.filter(job=job).select_related("site"))
+        scores = list(ContributionScore.objects.filter(job=job).select_related("site"))
+        statement = CreditStatement.objects.filter(job=job).first()
         return Outcome(
             job=job,
             rounds=list(RoundMetric.objects.filter(job=job).order_by("round")),
@@ -96,6 +116,11 @@ def outcome(flower_job_world, django_db_blocker) -> Outcome:
                 ]
                 for js in job.sites.select_related("site")
             },
+            billing=list(BillingEntry.objects.filter(job=job).select_related("site")),
+            credit_names=(
+                [c.name for c in statement.contributors.all()] if statement is not None else []
+            ),
+            ledger_kinds=Counter(LedgerEntry.objects.values_list("kind", flat=True)),
         )
 
 
@@ -215,3 +240,18 @@ def test_canary_never_leaves_the_site(outcome, flower_job_world):
     superlink_db = w.runtime_root / "superlink.db"
     assert superlink_db.exists() and superlink_db.stat().st_size > 0
     assert checked >= 5  # SuperLink db and logs, SuperNode logs, worker log, encrypted objects
+
+
+def test_worker_bills_and_credits_the_finished_job(outcome):
+    """The real worker's ``job_account`` task ran after the end: bills, credit, ledger leaves."""
+    assert outcome.job.status == JobStatus.COMPLETED
+    kinds = {(e.site.slug, e.kind) for e in outcome.billing}
+    sites = {u.site.slug for u in outcome.usage}
+    # Every site's compute is priced (a zero charge on the project's own institution's pool).
+    assert {slug for slug, kind in kinds if kind == "compute_charge"} == sites
+    assert any(kind == "data_credit" for _, kind in kinds)
+    assert all(e.amount >= 0 for e in outcome.billing)
+    assert len(outcome.credit_names) >= 1 + len(sites)  # the submitter and the institutions
+    assert outcome.ledger_kinds["usage"] == len(sites)
+    assert outcome.ledger_kinds["contribution"] >= len(sites)
+    assert outcome.ledger_kinds["charge"] + outcome.ledger_kinds["credit"] == len(outcome.billing)

@@ -1,0 +1,50 @@
+"""Celery tasks of accounting: account for a finished job (usage → contribution → bill → credit).
+
+Billing's own tasks (invoice closing, billing one job) live in ``accounting.billing_tasks``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+from accounting.services.billing import job_bill
+from accounting.services.contribution import contribution_score_job
+from accounting.services.credit import credit_statement_draft
+from accounting.services.usage import usage_record_job
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(
+    name="accounting.job_account",
+    acks_late=True,
+    ignore_result=True,
+    autoretry_for=(Exception,),
+    retry_backoff=5,
+    max_retries=5,
+    soft_time_limit=240,
+    time_limit=300,
+)
+def job_account_task(job_id: int) -> dict:
+    """After a job ends: its usage records, contribution scores, billing entries and credit draft.
+
+    Each step is an idempotent service in its own transaction, so a redelivery or a retry after a
+    crash part-way finishes the work without doubling anything. Billing and credit apply only to
+    a completed job (the services check). Returns how many rows each step created.
+    """
+    from federation.models import FederatedJob, JobStatus
+
+    job = FederatedJob.objects.filter(pk=job_id).first()
+    if job is None or not job.is_terminal:
+        return {}
+    done = {
+        "usage": len(usage_record_job(job=job)),
+        "contribution": len(contribution_score_job(job=job)),
+        "billing": len(job_bill(job=job)),
+    }
+    if job.status == JobStatus.COMPLETED:
+        credit_statement_draft(job=job)
+    log.info("accounted for job %s: %s", job_id, done)
+    return done
