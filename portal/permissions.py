@@ -33,6 +33,7 @@ ACTIONS = frozenset(
         "institution.admin",
         "dataset.register",
         "access.decide",
+        "ledger.view",
     }
 )
 
@@ -43,7 +44,8 @@ def can(user, action: str, obj=None) -> bool:
     Actions: ``project.create`` (obj: None; researchers), ``project.view``, ``project.invite``
     (PI only), ``job.submit`` (obj: Project), ``job.view``, ``job.stop``
     (obj: FederatedJob), ``institution.admin`` (obj: Institution; platform admins too),
-    ``dataset.register`` (obj: Site), ``access.decide`` (obj: Dataset or Site).
+    ``dataset.register`` (obj: Site), ``access.decide`` (obj: Dataset or Site),
+    ``ledger.view`` (obj: None; any member of an institution, and platform admins).
     Unknown actions raise ``ValueError`` so a typo cannot silently allow or deny.
     """
     if action not in ACTIONS:
@@ -70,4 +72,6 @@ def can(user, action: str, obj=None) -> bool:
     if action == "access.decide":  # obj: a Dataset, or a Site
         site = getattr(obj, "site", obj)
         return _has_role(user, site.institution, Role.DATA_STEWARD)
+    if action == "ledger.view":  # leaves carry ids and figures only, no personal data
+        return user.is_staff or Membership.objects.filter(user=user).exists()
     raise AssertionError(f"action {action!r} is listed in ACTIONS but not handled")
