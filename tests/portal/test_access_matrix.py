@@ -533,6 +533,7 @@ ENDPOINTS: list[Endpoint] = [
     *(e for j in JOB_PROJECT for e in _job_endpoints(j)),
     *(e for i in ("A", "B", "C") for e in _institution_endpoints(i)),
     *_sandbox_endpoints(),
+    _get("/accounting/ledger/", lambda w: "/accounting/ledger/", SIGNED_IN),  # ids/figures only
     _get(
         "/admin/",
         lambda w: "/admin/",
