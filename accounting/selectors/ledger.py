@@ -3,7 +3,7 @@
 **The tree behind the proofs.** Proofs are answered from one :class:`accounting.merkle.MerkleTree`
 per process (:func:`ledger_tree`), kept in memory and *extended*, never rebuilt: each call fetches
 only the leaf hashes appended since the last call (``WHERE index >= cached size``), so a request at
-steady state costs two indexed queries plus O(log n) hashing. The tree caches every complete subtree
+steady state costs one indexed query (the last leaf's index and key) plus O(log n) hashing. The tree caches every complete subtree
 (about 64 bytes per leaf: 64 MB per process at 1M leaves), so the root and proofs for *any* past
 size are O(log n) (O(log² n) hashes at worst) without a per-size cache. The first call in a process
 reads every leaf hash once (a cold start of about a second per million leaves).
@@ -11,9 +11,10 @@ reads every leaf hash once (a cold start of about a second per million leaves).
 Validity of the cached prefix: leaves are append-only (model guard, PostgreSQL trigger), so a stored
 prefix never changes. What can vanish is rows of a transaction that rolled back after this process
 read them (the same connection sees its own uncommitted rows). The cache therefore remembers the
-primary key of its last leaf; PostgreSQL never reuses a sequence value, so if the row at that index
-still has that key, every earlier row is the one that was read (appends are serialised, so a
-rolled-back row takes every later row with it). Otherwise the tree is rebuilt. A leaf changed behind
+primary key, time and leaf hash of its last leaf; PostgreSQL never reuses a sequence value, so if the
+row at that index is still that row, every earlier row is the one that was read (appends are
+serialised, so a rolled-back row takes every later row with it). (SQLite may reuse a rolled-back
+key; the time and hash then tell the rows apart.) Otherwise the tree is rebuilt. A leaf changed behind
 the guards is not caught here but by the checkpoint check of each proof response (the tree's root at
 the checkpoint's size must equal the signed root) and by ``manage.py ledger_verify``.
 """
@@ -119,14 +120,23 @@ class _TreeCache:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.tree = MerkleTree()
-        self.last_pk: int | None = None
+        self.last_key: tuple | None = None  # (pk, created_at, leaf hash) of the last leaf
 
 
 _cache = _TreeCache()
+_KEY = ("pk", "created_at", "leaf_hash")
+
+
+def _key(values) -> tuple:
+    pk, created_at, hash_ = values
+    return (pk, created_at, bytes(hash_))
 
 
 def ledger_tree() -> MerkleTree:
     """This process's Merkle tree of all visible leaves, brought up to date (see module docstring).
+
+    At steady state one indexed query (the last leaf's index and primary key); after appends,
+    one more to check the cached last leaf and one per 20,000 new leaf hashes.
 
     Returns:
         The shared :class:`MerkleTree` (do not modify it); its ``size`` is the current leaf count.
@@ -135,40 +145,38 @@ def ledger_tree() -> MerkleTree:
         LedgerIntegrityError: the stored indexes are not dense (a leaf is missing).
     """
     with _cache.lock:
+        last = LedgerEntry.objects.order_by("-index").values_list("index", *_KEY).first()
         tree = _cache.tree
+        if last is None:
+            _cache.tree, _cache.last_key = MerkleTree(), None
+            return _cache.tree
+        if tree.size and last[0] == tree.size - 1 and _key(last[1:]) == _cache.last_key:
+            return tree  # nothing appended, nothing rolled back
         if tree.size:
-            pk = (
-                LedgerEntry.objects.filter(index=tree.size - 1).values_list("pk", flat=True).first()
-            )
-            if pk != _cache.last_pk:
-                _cache.tree, _cache.last_pk = MerkleTree(), None
+            key = LedgerEntry.objects.filter(index=tree.size - 1).values_list(*_KEY).first()
+            if key is None or _key(key) != _cache.last_key:
+                _cache.tree, _cache.last_key = MerkleTree(), None
                 tree = _cache.tree
-        rows = (
-            LedgerEntry.objects.filter(index__gte=tree.size)
-            .order_by("index")
-            .values_list("index", "leaf_hash", "pk")
-            .iterator(chunk_size=_FETCH)
-        )
-        batch: list[bytes] = []
-        expected = tree.size
-        last_pk = _cache.last_pk
         try:
-            for index, hash_, pk in rows:
-                if index != expected:
-                    raise LedgerIntegrityError(
-                        f"leaf {expected} is missing (the next stored index is {index})"
-                    )
-                batch.append(bytes(hash_))
-                expected += 1
-                last_pk = pk
-                if len(batch) >= _FETCH:
-                    tree.extend(batch)
-                    batch = []
-            tree.extend(batch)
+            while tree.size <= last[0]:
+                start = tree.size
+                rows = list(
+                    LedgerEntry.objects.filter(index__gte=start, index__lt=start + _FETCH)
+                    .order_by("index")
+                    .values_list("index", *_KEY)
+                )
+                for offset, (index, *_) in enumerate(rows):
+                    if index != start + offset:
+                        raise LedgerIntegrityError(
+                            f"leaf {start + offset} is missing (the next stored index is {index})"
+                        )
+                if not rows:
+                    raise LedgerIntegrityError(f"leaf {start} is missing")
+                tree.extend(bytes(row[3]) for row in rows)
+                _cache.last_key = _key(rows[-1][1:])
         except (LedgerIntegrityError, ValueError):
-            _cache.tree, _cache.last_pk = MerkleTree(), None
+            _cache.tree, _cache.last_key = MerkleTree(), None
             raise
-        _cache.last_pk = last_pk
         return tree
 
 
@@ -192,7 +200,7 @@ def ledger_spot_check(*, tree: MerkleTree, samples: int = 64) -> None:
         stored = bytes(stored)
         if stored != tree.leaf(index) or leaf_hash(data.encode()) != stored:
             with _cache.lock:
-                _cache.tree, _cache.last_pk = MerkleTree(), None
+                _cache.tree, _cache.last_key = MerkleTree(), None
             raise LedgerIntegrityError(f"leaf {index} changed after it was appended")
 
 

@@ -112,13 +112,14 @@ def _stored(pk: int, index: int, kind: str, data: str, hash_: bytes, now) -> Led
     return entry
 
 
-@transaction.atomic
 def ledger_append(*, kind: str, record: dict[str, Any]) -> LedgerEntry:
     """Append ``{"kind": kind, **record}`` as the next leaf; returns the entry (with its index).
 
-    One lock statement and one ``INSERT … SELECT MAX(index)+1 … RETURNING`` under it. Call it inside
-    the caller's transaction so the leaf commits (or rolls back) with the record it describes;
-    the ledger lock is then held until that transaction ends.
+    On PostgreSQL one round trip: the function ``accounting_ledger_append`` (migration 0002)
+    takes the ledger's transaction-scoped advisory lock and inserts at ``MAX(index) + 1``. Call
+    it inside the caller's transaction so the leaf commits (or rolls back) with the record it
+    describes; the ledger lock is then held until that transaction ends. Elsewhere (SQLite,
+    which serialises writers itself) an atomic ``INSERT … SELECT MAX(index) + 1``.
 
     Args:
         kind: what the record is (``usage``, ``contribution``, ``charge``, ``credit``,
@@ -130,21 +131,29 @@ def ledger_append(*, kind: str, record: dict[str, Any]) -> LedgerEntry:
         The stored :class:`LedgerEntry`.
 
     Raises:
-        LedgerError: bad kind, or a record that is not canonical-JSON serialisable.
+        LedgerError: bad kind, or a record that is not canonical-JSON serialisable (nothing is
+            written).
     """
     data = _leaf_bytes(kind, record)
     hash_ = leaf_hash(data)
     text = data.decode()
     now = timezone.now()
-    _lock()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            'INSERT INTO accounting_ledgerentry ("index", kind, data, leaf_hash, created_at) '
-            'SELECT COALESCE(MAX("index") + 1, 0), %s, %s, %s, %s FROM accounting_ledgerentry '
-            'RETURNING id, "index"',
-            [kind, text, hash_, now],
-        )
-        pk, index = cursor.fetchone()
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT new_id, new_index FROM accounting_ledger_append(%s, %s, %s, %s)",
+                [kind, text, hash_, now],
+            )
+            pk, index = cursor.fetchone()
+    else:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                'INSERT INTO accounting_ledgerentry ("index", kind, data, leaf_hash, created_at) '
+                'SELECT COALESCE(MAX("index") + 1, 0), %s, %s, %s, %s '
+                'FROM accounting_ledgerentry RETURNING id, "index"',
+                [kind, text, hash_, now],
+            )
+            pk, index = cursor.fetchone()
     return _stored(pk, index, kind, text, hash_, now)
 
 

@@ -236,7 +236,7 @@ def test_proof_url_refuses_to_serve_a_tree_that_misses_its_checkpoint(client, me
     from accounting.selectors import ledger as selectors
 
     selectors._cache.tree = selectors.MerkleTree()  # a fresh process: nothing cached yet
-    selectors._cache.last_pk = None
+    selectors._cache.last_key = None
     response = client.get(f"{BASE}/proof/inclusion?index=0")
 
     assert response.status_code == 500
