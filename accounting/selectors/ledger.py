@@ -161,19 +161,21 @@ def ledger_tree() -> MerkleTree:
             while tree.size <= last[0]:
                 start = tree.size
                 rows = list(
-                    LedgerEntry.objects.filter(index__gte=start, index__lt=start + _FETCH)
+                    LedgerEntry.objects.filter(
+                        index__gte=start, index__lt=min(start + _FETCH, last[0] + 1)
+                    )
                     .order_by("index")
-                    .values_list("index", *_KEY)
+                    .values_list("index", "leaf_hash")
                 )
-                for offset, (index, *_) in enumerate(rows):
+                for offset, (index, _) in enumerate(rows):
                     if index != start + offset:
                         raise LedgerIntegrityError(
                             f"leaf {start + offset} is missing (the next stored index is {index})"
                         )
                 if not rows:
                     raise LedgerIntegrityError(f"leaf {start} is missing")
-                tree.extend(bytes(row[3]) for row in rows)
-                _cache.last_key = _key(rows[-1][1:])
+                tree.extend(bytes(h) for _, h in rows)
+            _cache.last_key = _key(last[1:])  # the row read first is the last one now cached
         except (LedgerIntegrityError, ValueError):
             _cache.tree, _cache.last_key = MerkleTree(), None
             raise

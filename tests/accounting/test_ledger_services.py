@@ -371,3 +371,37 @@ def test_ledger_checkpoint_cosign_needs_an_admin_of_the_witness_institution(witn
     with pytest.raises(LedgerError, match="administer"):
         ledger_checkpoint_cosign(by=UserFactory(), checkpoint=checkpoint, note=cosigned)
     assert not LedgerCosignature.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_appends_from_several_connections_stay_dense():
+    # Four threads, each with its own database connection, append at once; the advisory lock
+    # must serialise them (a race would surface as a unique-index error or a gap).
+    import threading
+
+    from django.db import connections
+
+    errors: list[BaseException] = []
+
+    def worker(offset: int) -> None:
+        try:
+            for j in range(25):
+                ledger_append(kind="usage", record={"thread": offset, "j": j})
+            ledger_append_many(
+                entries=[("usage", {"thread": offset, "batch": b}) for b in range(25)]
+            )
+        except BaseException as exc:  # noqa: BLE001 — reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert errors == []
+    assert list(LedgerEntry.objects.order_by("index").values_list("index", flat=True)) == list(
+        range(200)
+    )
