@@ -292,9 +292,8 @@ class LedgerEntryQuerySet(models.QuerySet):
     def bulk_update(self, objs, fields, batch_size=None):
         raise LedgerAppendOnlyError("ledger entries are append-only: bulk_update refused")
 
-    update.queryset_only = True
-    delete.queryset_only = True
-    bulk_update.queryset_only = False
+    update.queryset_only = False  # LedgerEntry.objects.update() raises the same error
+    delete.queryset_only = True  # as Django's own: managers have no delete()
 
 
 class LedgerEntry(models.Model):

@@ -142,6 +142,10 @@ def test_ledger_queryset_refuses_update_delete_and_bulk_update():
     with pytest.raises(LedgerAppendOnlyError):
         LedgerEntry.objects.filter(index=0).update(kind="charge")
     with pytest.raises(LedgerAppendOnlyError):
+        LedgerEntry.objects.update(kind="charge")
+    with pytest.raises(LedgerAppendOnlyError):
+        LedgerEntry.objects.update_or_create(index=0, defaults={"kind": "charge"})
+    with pytest.raises(LedgerAppendOnlyError):
         LedgerEntry.objects.all().delete()
     with pytest.raises(LedgerAppendOnlyError):
         LedgerEntry.objects.bulk_update(list(LedgerEntry.objects.all()), ["kind"])
