@@ -39,7 +39,6 @@ from accounting.services.ledger import (
     canonical_json,
     ledger_verifier,
 )
-from portal.models import Membership
 from portal.permissions import can
 
 _FETCH = 20_000  # leaf hashes per chunk when extending the tree
@@ -106,11 +105,6 @@ def ledger_witnesses_of(*, user) -> list[LedgerWitness]:
         for w in LedgerWitness.objects.filter(active=True).select_related("institution")
         if can(user, "institution.admin", w.institution)
     ]
-
-
-def ledger_member_institutions(*, user) -> int:
-    """Number of institutions ``user`` belongs to (0: not a member anywhere)."""
-    return Membership.objects.filter(user=user).values("institution").distinct().count()
 
 
 # --- the cached tree ----------------------------------------------------------------------------
