@@ -178,6 +178,7 @@ def gtg_shapley(
     max_permutations: int | None = None,
     convergence_tol: float = 0.05,
     seed: int = 0,
+    stratified: bool = True,
 ) -> ShapleyEstimate:
     """Estimate Shapley values with GTG-Shapley (Liu et al., ACM TIST 13(4) 2022, Algorithm 1).
 
@@ -198,6 +199,20 @@ def gtg_shapley(
        keeps players whose value is below the utility's resolution from blocking
        convergence.)
 
+    The estimate (``stratified=True``, the default here) averages the *same* sampled marginal
+    contributions per position first: ``phi_i = (1/n) Σ_k mean{marginals of i at position k}``,
+    which is the Shapley value written by coalition size, so the between-size spread of the
+    marginals (large for small coalitions, near 0 for large ones with a saturating utility)
+    no longer adds variance (position-stratified sampling: Maleki et al., "Bounding the
+    estimation error of sampling-based Shapley value approximation", arXiv:1306.4265, 2013;
+    Castro et al., Computers & OR 82, 2017). A position never sampled for a player falls back
+    to that player's plain mean. Sampling, truncation and the stopping rule are unchanged and no
+    extra coalition is evaluated. ``stratified=False`` gives the paper's plain running mean.
+    Measured on n = 10 (``benchmarks/accounting.py``): at the paper's stopping rule, the
+    stratified estimate stops earlier at a higher correlation with exact Shapley on a
+    low-noise saturating utility, and is about as good as the plain mean on a noisy one
+    (validation accuracy of a real FL round).
+
     Every coalition is evaluated at most once (memoised), so ``evaluations <= 2^n``.
 
     Args:
@@ -209,6 +224,8 @@ def gtg_shapley(
             ``max(30, n, 20 * n)`` rounded up to whole cycles.
         convergence_tol: relative tolerance of the stopping rule (paper default 0.05).
         seed: seed of the ``numpy`` generator that orders the non-leading players.
+        stratified: average marginals per position before averaging over positions (see
+            above); ``False``: the paper's plain mean over permutations.
 
     Returns:
         :class:`ShapleyEstimate` with ``values`` of shape ``(n,)`` in the utility's units.
@@ -245,6 +262,8 @@ def gtg_shapley(
 
     rng = np.random.default_rng(seed)
     totals = np.zeros(n)
+    by_position = np.zeros((n, n))  # [player, position]: sum of marginals
+    seen = np.zeros((n, n))  # [player, position]: how often sampled there
     running_means: list[np.ndarray] = []
     permutations = 0
     while permutations < cap:
@@ -262,8 +281,17 @@ def gtg_shapley(
             marginals[player] = v_next - v_prev
             v_prev = v_next
         totals += marginals
+        by_position[order, np.arange(n)] += marginals[order]
+        seen[order, np.arange(n)] += 1
         permutations += 1
-        running_means.append(totals / permutations)
+        plain = totals / permutations
+        if stratified:
+            per_position = np.divide(
+                by_position, seen, out=np.repeat(plain[:, None], n, axis=1), where=seen > 0
+            )
+            running_means.append(per_position.mean(axis=1))
+        else:
+            running_means.append(plain)
         end_of_cycle = permutations % n == 0
         if (
             end_of_cycle
@@ -271,7 +299,7 @@ def gtg_shapley(
             and _converged(running_means, convergence_tol, floor)
         ):
             break
-    return ShapleyEstimate(totals / permutations, memo.evaluations, permutations)
+    return ShapleyEstimate(running_means[-1], memo.evaluations, permutations)
 
 
 def normalise(values: Sequence[float] | np.ndarray) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""Celery tasks of accounting: account for a finished job (usage → contribution → bill → credit).
+"""Celery tasks of accounting, thin and idempotent: account for a finished job (usage →
+contribution → bill → credit) and sign ledger checkpoints.
 
 Billing's own tasks (invoice closing, billing one job) live in ``accounting.billing_tasks``.
 """
@@ -12,6 +13,7 @@ from celery import shared_task
 from accounting.services.billing import job_bill
 from accounting.services.contribution import contribution_score_job
 from accounting.services.credit import credit_statement_draft
+from accounting.services.ledger import ledger_checkpoint_create
 from accounting.services.usage import usage_record_job
 
 log = logging.getLogger(__name__)
@@ -48,3 +50,23 @@ def job_account_task(job_id: int) -> dict:
         credit_statement_draft(job=job)
     log.info("accounted for job %s: %s", job_id, done)
     return done
+
+
+@shared_task(
+    name="accounting.ledger_checkpoint_create",
+    acks_late=True,
+    ignore_result=True,
+    soft_time_limit=300,
+    time_limit=330,
+)
+def ledger_checkpoint_create_task() -> int | None:
+    """Periodic: sign a checkpoint of the ledger if it grew since the last one.
+
+    Idempotent: the service takes the ledger lock and writes nothing when the size is unchanged,
+    so a second delivery or an overlapping tick does nothing. Returns the new size, or ``None``.
+    """
+    checkpoint = ledger_checkpoint_create(by=None)
+    if checkpoint is None:
+        return None
+    log.info("ledger checkpoint signed at size %d", checkpoint.size)
+    return checkpoint.size

@@ -38,6 +38,7 @@ ACTIONS = frozenset(
         "job.view_cost",
         "credit.view",
         "credit.edit",
+        "ledger.view",
     }
 )
 
@@ -54,6 +55,7 @@ def can(user, action: str, obj=None) -> bool:
     (obj: FederatedJob): the project's members, platform admins and the admins of the
     project's and the job's sites' institutions; ``credit.edit`` (obj: FederatedJob): PIs of
     its project only.
+    ``ledger.view`` (obj: None; any member of an institution, and platform admins).
     Unknown actions raise ``ValueError`` so a typo cannot silently allow or deny.
     """
     if action not in ACTIONS:
@@ -96,4 +98,6 @@ def can(user, action: str, obj=None) -> bool:
         ).exists()
     if action == "credit.edit":
         return _project_role(user, obj.project) == ProjectRole.PRINCIPAL_INVESTIGATOR
+    if action == "ledger.view":  # leaves carry ids and figures only, no personal data
+        return user.is_staff or Membership.objects.filter(user=user).exists()
     raise AssertionError(f"action {action!r} is listed in ACTIONS but not handled")

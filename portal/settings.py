@@ -165,6 +165,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SOFT_TIME_LIMIT = 600
 CELERY_TASK_TIME_LIMIT = 660
 _RECONCILE_SECONDS = env.float("FRP_RECONCILE_SECONDS", default=5.0)
+_LEDGER_CHECKPOINT_SECONDS = env.float("FRP_LEDGER_CHECKPOINT_SECONDS", default=60.0)
 CELERY_BEAT_SCHEDULE = {
     "federation-reconcile": {
         "task": "federation.job_reconcile_all",
@@ -177,6 +178,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "accounting.invoice_close",
         "schedule": crontab(minute=17),
         "options": {"expires": 3000},
+    },
+    "accounting-ledger-checkpoint": {
+        "task": "accounting.ledger_checkpoint_create",
+        "schedule": _LEDGER_CHECKPOINT_SECONDS,
+        "options": {"expires": _LEDGER_CHECKPOINT_SECONDS},
     },
 }
 
@@ -198,6 +204,17 @@ FRP_ROUND_TIMEOUT = env.float("FRP_ROUND_TIMEOUT", default=120.0)
 FRP_REPLY_LOG_DIR = env.str("FRP_REPLY_LOG_DIR", default="")
 # The local federation: one SuperNode per site, each with its own store and keyring.
 FRP_SITES_DIR = Path(env.str("FRP_SITES_DIR", default=str(VAR_DIR / "sites")))
+
+# --- Ledger (accounting) ------------------------------------------------------------------------
+# The log's origin line in its checkpoints (c2sp.org/tlog-checkpoint); default: <first host>/ledger.
+_LEDGER_HOST = next((h for h in ALLOWED_HOSTS if h[:1] not in {"", ".", "*", "["}), "localhost")
+FRP_LEDGER_ORIGIN = env.str("FRP_LEDGER_ORIGIN", default=f"{_LEDGER_HOST}/ledger")
+# The platform's Ed25519 checkpoint signing key as a note signer key (PRIVATE+KEY+name+id+base64).
+# Empty: the key file below, created (mode 0600) with a fresh key named after the origin on first use.
+FRP_LEDGER_SIGNER_KEY = env.str("FRP_LEDGER_SIGNER_KEY", default="")
+FRP_LEDGER_KEY_FILE = Path(
+    env.str("FRP_LEDGER_KEY_FILE", default=str(VAR_DIR / "ledger" / "signer.key"))
+)
 
 LOGGING = {
     "version": 1,

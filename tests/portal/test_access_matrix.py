@@ -542,6 +542,7 @@ ENDPOINTS: list[Endpoint] = [
         for page in ("prices", "billing")
     ),
     *_sandbox_endpoints(),
+    _get("/accounting/ledger/", lambda w: "/accounting/ledger/", SIGNED_IN),  # ids/figures only
     _get(
         "/admin/",
         lambda w: "/admin/",
