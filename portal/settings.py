@@ -2,13 +2,15 @@
 
 Every variable is listed in `.env.example`. The embedded default needs no server: SQLite, Celery over
 the filesystem transport, one store directory per site under ``FRP_VAR_DIR``. Production
-(``DEBUG=False``) refuses to start without ``SECRET_KEY``.
+(``DEBUG=False``) refuses to start without ``SECRET_KEY`` and the ledger's signing key.
 """
 
+import os
 from pathlib import Path
 
 import environ
 from celery.schedules import crontab
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -215,6 +217,11 @@ FRP_LEDGER_SIGNER_KEY = env.str("FRP_LEDGER_SIGNER_KEY", default="")
 FRP_LEDGER_KEY_FILE = Path(
     env.str("FRP_LEDGER_KEY_FILE", default=str(VAR_DIR / "ledger" / "signer.key"))
 )
+if not DEBUG and not FRP_LEDGER_SIGNER_KEY and "FRP_LEDGER_KEY_FILE" not in os.environ:
+    # Several processes (web shows the key, worker signs) must share one key: name it in production.
+    raise ImproperlyConfigured(
+        "set FRP_LEDGER_SIGNER_KEY (or FRP_LEDGER_KEY_FILE on a volume every process shares)"
+    )
 
 LOGGING = {
     "version": 1,
