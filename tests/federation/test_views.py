@@ -11,11 +11,13 @@ import json
 import re
 import time
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.test import Client
 from django.utils import timezone
 
+from accounting.models import BillingEntry, ContributionScore
 from federation import services
 from federation.models import FederatedJob, JobSite, JobStatus, RoundMetric, SiteRoundMetric
 from federation.signing import sign
@@ -331,6 +333,40 @@ def test_job_progress_json_returns_round_metrics(pi_client, world, job_with_roun
             "error": "",
         }
     ]
+
+
+def test_job_progress_json_accounting_empty_until_the_worker_wrote_it(pi_client, job_with_rounds):
+    data = pi_client.get(f"/jobs/{job_with_rounds.pk}/progress.json").json()
+
+    assert data["accounting"] == {"method": None, "shares": {}, "cost": None}
+
+
+def test_job_progress_json_gives_shares_and_cost(pi_client, world, job_with_rounds):
+    site = world["versions"][0].dataset.site
+    ContributionScore.objects.create(
+        job=job_with_rounds, site=site, method="exact", raw_value=0.2, share=1.0, evaluations=2
+    )
+    BillingEntry.objects.create(
+        job=job_with_rounds,
+        site=site,
+        kind="compute_charge",
+        institution=world["project"].institution,
+        service_units=Decimal("1.5000"),
+        amount=Decimal("0.12"),
+    )
+
+    data = pi_client.get(f"/jobs/{job_with_rounds.pk}/progress.json").json()
+
+    assert data["accounting"] == {
+        "method": "exact",
+        "shares": {site.slug: 1.0},
+        "cost": {
+            "charged": "0.12",
+            "service_units": "1.5000",
+            "currency": "EUR",
+            "payer": world["project"].institution.name,
+        },
+    }
 
 
 def test_job_progress_partial_shows_latest_round(pi_client, job_with_rounds):

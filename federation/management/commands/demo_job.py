@@ -86,6 +86,8 @@ class Command(BaseCommand):
                 "federation reports its end (or fails it if the federation was stopped)."
             )
             sys.exit(130)
+        if p["status"] == "completed":
+            p = self._wait_accounting(http, url, job_id, p)
         self._report(p, job_id, started)
 
     def _follow(self, http, url: str, job_id: int, started: float, timeout: float) -> dict:
@@ -111,6 +113,17 @@ class Command(BaseCommand):
                 raise CommandError(f"job #{job_id} did not finish within {timeout:.0f} s")
             time.sleep(2)
 
+    def _wait_accounting(self, http, url: str, job_id: int, p: dict, timeout: float = 60) -> dict:
+        """After completion the worker writes contribution and bills; wait for them briefly."""
+        deadline = time.monotonic() + timeout
+        while not (p["accounting"]["shares"] and p["accounting"]["cost"]):
+            if time.monotonic() > deadline:
+                self.stderr.write("contribution and cost not written yet; see the job page")
+                break
+            time.sleep(2)
+            p = http.get(f"{url}/jobs/{job_id}/progress.json", timeout=30).json()
+        return p
+
     def _report(self, p: dict, job_id: int, started: float) -> None:
         elapsed = time.monotonic() - started
         self.stdout.write(
@@ -124,15 +137,24 @@ class Command(BaseCommand):
             )
         self.stdout.write(
             f"{'site':<12} {'institution':<34} {'status':<10} {'rounds':>6} "
-            f"{'train rows':>10} {'test rows':>9} {'test accuracy':>13}"
+            f"{'train rows':>10} {'test rows':>9} {'test accuracy':>13} {'Shapley share':>13}"
         )
+        shares = p["accounting"]["shares"]
         for s in p["sites"]:
             acc = "—" if s["eval_accuracy"] is None else f"{s['eval_accuracy']:.3f}"
+            share = f"{shares[s['site']]:.1%}" if s["site"] in shares else "—"
             self.stdout.write(
                 f"{s['site']:<12} {s['institution']:<34} {s['status']:<10} {s['rounds_completed']:>6} "
-                f"{s['train_examples']:>10} {s['eval_examples']:>9} {acc:>13}"
+                f"{s['train_examples']:>10} {s['eval_examples']:>9} {acc:>13} {share:>13}"
             )
             if s["error"]:
                 self.stdout.write(f"    error: {s['error']}")
+        cost = p["accounting"]["cost"]
+        if cost:
+            self.stdout.write(
+                f"Cost: {cost['charged']} {cost['currency']} charged to {cost['payer']} "
+                f"({cost['service_units']} service units); contribution, usage, cost and credit "
+                f"are on the job page, every record in the ledger."
+            )
         if p["status"] != "completed":
             sys.exit(1)
