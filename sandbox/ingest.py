@@ -58,8 +58,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
+from sandbox import arrowcsv
 from sandbox.crypto import KEY_BYTES, associated_data, encrypt_stream
 from sandbox.csvformat import (
+    BLOCK_CHARS,
     DEFAULT_MISSING_VALUES,
     SAMPLE_BYTES,
     TYPES,
@@ -98,6 +100,7 @@ PAYLOAD_FORMAT = "frp-csv/1"
 
 _SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
 _READ_BLOCK = 1 << 20
+NATIVE_BLOCK_CHARS = 2 << 20  # text per block on the native path (few per-block calls, low RSS)
 
 
 class IngestError(Exception):
@@ -223,6 +226,7 @@ def _canonical_payload(
     missing: tuple[str, ...],
     overrides: dict[str, str],
     outcome: _Outcome,
+    native: bool = True,
 ) -> Iterator[bytes]:
     """Yield the plaintext payload (module doc) block by block while validating and profiling.
 
@@ -231,22 +235,33 @@ def _canonical_payload(
     """
     pending: list[str] = []
     passthrough = delimiter == ","
-    reader = RecordReader(text, delimiter=delimiter, tee=pending.append if passthrough else None)
+    native = native and arrowcsv.AVAILABLE
+    reader = RecordReader(
+        text,
+        delimiter=delimiter,
+        tee=pending.append if passthrough else None,
+        block_chars=NATIVE_BLOCK_CHARS if native else BLOCK_CHARS,
+        native=native,
+    )
     names = reader.header
     unknown = [name for name in overrides if name not in names]
     if unknown:
         raise IngestError(f"schema_override names column(s) not in the header: {unknown}")
     stats = [ColumnStats(name=name, declared=overrides.get(name)) for name in names]
     marker_set = frozenset(missing)
+    markers = arrowcsv.marker_array(missing) if native else None
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     if not passthrough:
         writer.writerow(names)
     rows = 0
     for batch in reader.batches():
-        for col, cells in zip(stats, batch.columns, strict=True):
+        for index, col in enumerate(stats):
+            array = batch.array(index)
+            if array is not None and col.add_array(array, markers):
+                continue
             try:
-                col.add_batch(cells, marker_set)
+                col.add_batch(batch.column(index), marker_set)
             except CellError as exc:
                 raise IngestError(
                     f"line {batch.line_of(exc.index)}, column {col.name!r}: value is not "
@@ -257,6 +272,8 @@ def _canonical_payload(
         if passthrough:
             chunk = "".join(pending)
             pending.clear()
+        elif batch.native and "," not in batch.text:
+            chunk = _rejoin(batch.text, delimiter)
         else:
             writer.writerows(batch.rows)
             chunk = out.getvalue()
@@ -278,6 +295,24 @@ def _canonical_payload(
     outcome.profile = compute_profile(stats, rows)
     outcome.row_count = rows
     yield encode_trailer(json.dumps(meta, ensure_ascii=False).encode("utf-8"))
+
+
+_BLANK_LINES = re.compile(r"\n\n+")
+
+
+def _rejoin(text: str, delimiter: str) -> str:
+    """What ``csv.writer`` (comma, ``\\n`` line ends) writes for the records of ``text``: whole
+    lines without any ``"`` or ``,``, every line of the header's width or blank (a native
+    batch). No field then needs quoting, so a record is its line with ``delimiter`` replaced;
+    blank lines are dropped and every record ends with ``\\n``."""
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if "\n\n" in text:
+        text = _BLANK_LINES.sub("\n", text)
+    text = text.removeprefix("\n")
+    if not text.endswith("\n"):
+        text += "\n"
+    return text.replace(delimiter, ",")
 
 
 def _check_override(schema_override: Mapping[str, str] | None) -> dict[str, str]:
@@ -314,6 +349,7 @@ def ingest_csv(
     delimiter: str | None = None,
     missing_values: Sequence[str] = DEFAULT_MISSING_VALUES,
     schema_override: Mapping[str, str] | None = None,
+    native: bool = True,
 ) -> IngestResult:
     """Validate, type, profile and encrypt the CSV at ``path`` into ``store`` as one version.
 
@@ -377,7 +413,12 @@ def ingest_csv(
                 io.BufferedReader(hashed, _READ_BLOCK), encoding=codec, errors="strict", newline=""
             )
             payload = _canonical_payload(
-                text, delimiter=delimiter, missing=missing, overrides=overrides, outcome=outcome
+                text,
+                delimiter=delimiter,
+                missing=missing,
+                overrides=overrides,
+                outcome=outcome,
+                native=native,
             )
             result = encrypt_stream(kek=kek, aad=aad, source=_BlockReader(payload), sink=sink)
             sink.flush()

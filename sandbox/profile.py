@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sandbox import arrowcsv
 from sandbox.csvformat import (
     ACCEPTS,
     DEFAULT_MISSING_VALUES,
@@ -116,6 +117,105 @@ class ColumnStats:
                 self.categories = None  # the earlier values were not counted
             self._count_categories(present)
 
+    def add_array(self, cells, markers) -> bool:
+        """Account a batch of cells held as a ``pyarrow`` string array (``sandbox.arrowcsv``),
+        with exactly the outcome of ``add_batch`` on the same cells; ``markers`` are the
+        missing-value markers as ``arrowcsv.marker_array`` gives them.
+
+        Returns ``False`` — having changed nothing but a cache of validated dates — when the
+        batch needs the Python rules (a value that does not fit ``declared``, a numeric column
+        turning to text, a number ``float()`` reads but Arrow does not); the caller then calls
+        ``add_batch`` with the cells as strings, which also raises the exact ``CellError``.
+        """
+        target = self.declared
+        current = self.type
+        hint = target or current
+        if hint in (None, "int", "float") and self._array_numbers_fast(cells, markers, target):
+            return True
+        values = arrowcsv.strip(cells)
+        mask, n_missing = arrowcsv.missing_mask(values, markers)
+        present = arrowcsv.drop(values, mask)
+        n_present = len(present)
+        if n_present == 0:
+            self.missing += n_missing
+            return True
+        if hint == "str":
+            self.missing += n_missing
+            self.count += n_present
+            self.type = "str"
+            if self.categories is not None:
+                self._count_categories(dict(zip(*arrowcsv.counts(present), strict=True)))
+            return True
+        if hint in (None, "int", "float"):
+            parsed = arrowcsv.finite_floats(present)
+            if parsed is not None:
+                quick, numbers = parsed
+                if target is not None and quick not in ACCEPTS[target]:
+                    return False
+                self.missing += n_missing
+                self.count += n_present
+                self.type = target or widen(current, quick)
+                self._merge_numbers(numbers)
+                return True
+            if hint is not None:
+                return False
+        values_seen, seen_counts = arrowcsv.counts(present)
+        distinct = set(values_seen)
+        if hint in (None, "bool") and is_bool_batch(distinct):
+            kind = "bool"
+        elif hint in (None, "date") and self._all_dates(distinct):
+            kind = "date"
+        else:
+            kind = batch_kind(distinct) or "str"
+            if kind in NUMERIC_TYPES:
+                return False
+        if target is not None and kind not in ACCEPTS[target]:
+            return False
+        new = target or widen(current, kind)
+        self.missing += n_missing
+        self.count += n_present
+        self.type = new
+        if new == "date":
+            low, high = min(distinct), max(distinct)
+            self.first_date = low if self.first_date is None else min(self.first_date, low)
+            self.last_date = high if self.last_date is None else max(self.last_date, high)
+        else:  # bool or str
+            if current in ("int", "float", "date"):
+                self.categories = None  # the earlier values were not counted
+            self._count_categories(dict(zip(values_seen, seen_counts, strict=True)))
+        return True
+
+    def _array_numbers_fast(self, cells, markers, target) -> bool:
+        """``_numbers_fast`` for an array: every cell a finite number made of digits, signs,
+        ``.``, ``e``, ``E`` only (so nothing to strip) and no marker that such a cell could
+        equal (the empty marker matches no cell here: an empty cell is not a number)."""
+        rest = arrowcsv.number_bytes(cells)
+        if rest is None:
+            return False
+        if any(m and not m.strip("0123456789+-.eE") for m in markers.to_pylist()):
+            return False
+        parsed = arrowcsv.finite_floats(cells, rest)
+        if parsed is None:
+            return False
+        quick, numbers = parsed
+        if target is not None and quick not in ACCEPTS[target]:
+            return False
+        self.count += len(cells)
+        self.type = target or widen(self.type, quick)
+        self._merge_numbers(numbers)
+        return True
+
+    def _all_dates(self, distinct: set[str]) -> bool:
+        """``is_date_batch`` with this column's cache of validated dates (as ``_batch_kind``)."""
+        valid_dates = self._valid_dates
+        unseen = distinct - valid_dates
+        if not is_date_batch(unseen):
+            return False
+        if len(valid_dates) + len(unseen) > MAX_TRACKED_DISTINCT:
+            valid_dates.clear()
+        valid_dates.update(unseen)
+        return True
+
     def _numbers_fast(self, cells: Sequence[str], missing: frozenset[str], target) -> bool:
         """Account a batch that is entirely numbers without stripping or set lookups: no missing
         marker may be something ``float()`` accepts, ``numeric_kind`` must pass and every cell
@@ -134,7 +234,8 @@ class ColumnStats:
         self._merge_numbers(numbers)
         return True
 
-    def _count_categories(self, present: Sequence[str]) -> None:
+    def _count_categories(self, present: Sequence[str] | Mapping[str, int]) -> None:
+        """Add ``present`` (values, or a mapping value → count) to the category counts."""
         categories = self.categories
         if categories is None:
             return
