@@ -254,6 +254,7 @@ def _canonical_payload(
     writer = csv.writer(out, lineterminator="\n")
     if not passthrough:
         writer.writerow(names)
+        yield _take(out).encode("utf-8")
     rows = 0
     for batch in reader.batches():
         for index, col in enumerate(stats):
@@ -276,9 +277,7 @@ def _canonical_payload(
             chunk = _rejoin(batch.text, delimiter)
         else:
             writer.writerows(batch.rows)
-            chunk = out.getvalue()
-            out.seek(0)
-            out.truncate()
+            chunk = _take(out)
         yield chunk.encode("utf-8")
     if pending:
         yield "".join(pending).encode("utf-8")
@@ -295,6 +294,14 @@ def _canonical_payload(
     outcome.profile = compute_profile(stats, rows)
     outcome.row_count = rows
     yield encode_trailer(json.dumps(meta, ensure_ascii=False).encode("utf-8"))
+
+
+def _take(out: io.StringIO) -> str:
+    """The text written to ``out`` so far; ``out`` is emptied."""
+    text = out.getvalue()
+    out.seek(0)
+    out.truncate()
+    return text
 
 
 _BLANK_LINES = re.compile(r"\n\n+")
