@@ -32,6 +32,9 @@ import numpy as np
 
 # Imported on first use (about 0.3 s), so a small dataset's loader never pays for it.
 pa = pc = pcsv = None
+# Arrow's default pool (mimalloc) keeps about 10 MiB more resident than the C library's
+# allocator here; every call below takes the system pool, for a low peak RSS.
+_POOL = None
 AVAILABLE = importlib.util.find_spec("pyarrow") is not None
 
 # Every code point str.strip() removes, i.e. those str.isspace() accepts (Python 3.11's Unicode
@@ -48,13 +51,14 @@ _MAYBE_SPACE[128:] = True
 
 def load() -> bool:
     """Import ``pyarrow`` (once); ``False`` when it is not installed."""
-    global pa, pc, pcsv
+    global pa, pc, pcsv, _POOL
     if pa is None and AVAILABLE:
         import pyarrow
         import pyarrow.compute
         import pyarrow.csv
 
         pa, pc, pcsv = pyarrow, pyarrow.compute, pyarrow.csv
+        _POOL = pyarrow.system_memory_pool()
     return pa is not None
 
 
@@ -108,6 +112,7 @@ def split_block(text: str, *, width: int, delimiter: str, columns: list[int] | N
                 null_values=[],
                 check_utf8=False,
             ),
+            memory_pool=_POOL,
         )
     except (pa.ArrowInvalid, pa.ArrowException):
         return None
@@ -142,7 +147,7 @@ def strip(array):
     raw = np.frombuffer(data, dtype=np.uint8)
     if not (_MAYBE_SPACE[raw[starts]].any() or _MAYBE_SPACE[raw[ends - 1]].any()):
         return array
-    return pc.utf8_trim(array, characters=PY_WHITESPACE)
+    return pc.utf8_trim(array, characters=PY_WHITESPACE, memory_pool=_POOL)
 
 
 def missing_mask(array, markers):
@@ -150,19 +155,23 @@ def missing_mask(array, markers):
     stripped markers) and how many; ``(None, 0)`` when there are no markers or no match."""
     if markers is None or len(markers) == 0:
         return None, 0
-    mask = pc.is_in(array, value_set=markers)
-    n = int(pc.sum(mask).as_py() or 0)
+    mask = pc.is_in(array, value_set=markers, memory_pool=_POOL)
+    n = int(pc.sum(mask, memory_pool=_POOL).as_py() or 0)
     return (mask, n) if n else (None, 0)
 
 
 def marker_array(markers) -> object:
     """The markers as a ``pyarrow`` string array (for ``missing_mask``)."""
-    return pa.array(list(markers), type=pa.string()) if load() else None
+    return pa.array(list(markers), type=pa.string(), memory_pool=_POOL) if load() else None
 
 
 def drop(array, mask):
     """``array`` without the cells where ``mask`` is true."""
-    return array if mask is None else pc.filter(array, pc.invert(mask))
+    return (
+        array
+        if mask is None
+        else pc.filter(array, pc.invert(mask, memory_pool=_POOL), memory_pool=_POOL)
+    )
 
 
 _NUMBER_CHARS = b"0123456789+-"
@@ -198,7 +207,7 @@ def finite_floats(array, rest: bytes | None = None) -> tuple[str, np.ndarray] | 
     if rest is None or has_empty(array):
         return None
     try:
-        numbers = pc.cast(array, pa.float64()).to_numpy(zero_copy_only=False)
+        numbers = pc.cast(array, pa.float64(), memory_pool=_POOL).to_numpy(zero_copy_only=False)
     except (pa.ArrowInvalid, pa.ArrowException):
         return None
     if not np.isfinite(numbers).all():
@@ -208,7 +217,7 @@ def finite_floats(array, rest: bytes | None = None) -> tuple[str, np.ndarray] | 
 
 def counts(array) -> tuple[list[str], list[int]]:
     """Distinct cells of ``array`` and how often each occurs (first-seen order)."""
-    table = pc.value_counts(array)
+    table = pc.value_counts(array, memory_pool=_POOL)
     return table.field("values").to_pylist(), table.field("counts").to_pylist()
 
 
@@ -220,7 +229,7 @@ def to_strings(array) -> list[str]:
 def dictionary(array) -> tuple[list[str], np.ndarray]:
     """``(distinct values, (n,) int index of each cell into them)`` (Arrow
     ``dictionary_encode``), so a column of few distinct strings costs one pointer per row."""
-    encoded = pc.dictionary_encode(array)
+    encoded = pc.dictionary_encode(array, memory_pool=_POOL)
     if isinstance(encoded, pa.ChunkedArray):  # pragma: no cover - arrays stay arrays
         encoded = encoded.combine_chunks()
     return encoded.dictionary.to_pylist(), encoded.indices.to_numpy(zero_copy_only=False)
@@ -229,3 +238,36 @@ def dictionary(array) -> tuple[list[str], np.ndarray]:
 def mask_to_numpy(mask) -> np.ndarray:
     """A boolean ``pyarrow`` array as a numpy bool array."""
     return mask.to_numpy(zero_copy_only=False)
+
+
+def numbers_or_nan(array, markers) -> np.ndarray | None:
+    """``float()`` of every cell (stripped) as a ``(n,)`` float64 array, ``nan`` where the cell
+    is a missing-value marker (the loader's rule); ``None`` when a present cell is not one
+    Arrow reads exactly as ``float()`` (the Python rules then decide, or raise)."""
+    rest = number_bytes(array)
+    numeric_marker = any(m and not m.strip("0123456789+-.eE") for m in markers.to_pylist())
+    if rest is not None and not numeric_marker and not has_empty(array):
+        values, mask = array, None
+    else:
+        values = strip(array)
+        mask, _n = missing_mask(values, markers)
+        if mask is not None:
+            values = pc.if_else(mask, pa.scalar("nan", pa.string()), values, memory_pool=_POOL)
+    try:
+        return pc.cast(values, pa.float64(), memory_pool=_POOL).to_numpy(zero_copy_only=False)
+    except (pa.ArrowInvalid, pa.ArrowException):
+        return None
+
+
+def strings_or_none(array, markers) -> np.ndarray:
+    """The cells (stripped) as an object array of ``str``, ``None`` where the cell is a
+    missing-value marker; equal strings share one object (dictionary encoding)."""
+    values = strip(array)
+    mask, _n = missing_mask(values, markers)
+    distinct, index = dictionary(values)
+    lookup = np.empty(len(distinct) + 1, dtype=object)
+    lookup[: len(distinct)] = distinct
+    lookup[len(distinct)] = None
+    if mask is not None:
+        index = np.where(mask_to_numpy(mask), len(distinct), index)
+    return lookup[index]
