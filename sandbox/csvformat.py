@@ -309,6 +309,7 @@ class Batch:
         kept: list[int] | None = None,
         arrays: list | None = None,
         text: str | None = None,
+        delimiter: str = DEFAULT_DELIMITER,
     ) -> None:
         self.first_line = first_line
         self._rows = rows
@@ -317,6 +318,7 @@ class Batch:
         self._kept = kept  # index into _raw of each record (None: the same index)
         self._arrays = arrays  # native: one pyarrow string array (or None) per column
         self._text = text  # native: the block's text (whole lines, no quote), for line_of
+        self._delimiter = delimiter
         self._starts: list[int] | None = None
 
     @property
@@ -330,14 +332,12 @@ class Batch:
         return self._text
 
     def array(self, index: int):
-        """Column ``index`` as a ``pyarrow`` string array, or ``None`` (not a native batch, or
-        a column the reader was not asked for)."""
+        """Column ``index`` as a ``pyarrow`` array (``sandbox.arrowcsv`` shapes), or ``None``
+        (not a native batch, or a column the reader was not asked for)."""
         return self._arrays[index] if self._arrays is not None else None
 
     def column(self, index: int) -> Sequence[str]:
         """Column ``index`` as a sequence of raw field strings."""
-        if self._columns is None and self._rows is None:
-            return self._arrays[index].to_pylist()
         return self.columns[index]
 
     @property
@@ -349,10 +349,15 @@ class Batch:
     @property
     def columns(self) -> list[Sequence[str]]:
         if self._columns is None:
-            if self._rows is None:
-                self._columns = [array.to_pylist() for array in self._arrays]
-            else:
-                self._columns = list(zip(*self._rows, strict=True))
+            if self._rows is None:  # native: split the block's lines (no quote, none ragged)
+                lines = io.StringIO(self._text, newline="").readlines()
+                blank = ("\n", "\r\n", "\r")
+                self._rows = [
+                    line.rstrip("\r\n").split(self._delimiter)
+                    for line in lines
+                    if line not in blank
+                ]
+            self._columns = list(zip(*self._rows, strict=True))
         return self._columns
 
     @property
@@ -392,11 +397,13 @@ class RecordReader:
     the same fields); a block with a quote goes through ``csv.reader`` (strict), which reads
     further lines when a quoted field runs past the end of the block.
 
-    ``native=True`` (needs ``pyarrow``, see ``sandbox.arrowcsv``) hands a block without any
-    ``"`` to Arrow's CSV parser first; the batch then holds ``pyarrow`` string arrays (only of
-    ``columns``, if given). Arrow is used only where it splits exactly as the rules above, and a
-    block it does not accept (a ragged or whitespace-only line) takes the Python path, which
-    gives the same records or the same error.
+    ``native`` (needs ``pyarrow``, see ``sandbox.arrowcsv``) is a function giving, before each
+    block, the shape wanted for every column (``"int"``, ``"float"``, ``"dict"`` or ``None``);
+    a block without any ``"`` then goes to Arrow's CSV parser first, with ``markers`` (the
+    stripped missing-value markers) as the nulls of numeric columns, and the batch holds
+    ``pyarrow`` arrays. Arrow is used only where it reads exactly as the rules above; a block it
+    does not accept (a ragged or whitespace-only line, a cell its numeric column cannot hold)
+    takes the Python path, which gives the same records or the same error.
     """
 
     def __init__(
@@ -406,14 +413,14 @@ class RecordReader:
         delimiter: str = DEFAULT_DELIMITER,
         tee: Callable[[str], object] | None = None,
         block_chars: int = BLOCK_CHARS,
-        native: bool = False,
-        columns: list[int] | None = None,
+        native: Callable[[], list[str | None]] | None = None,
+        markers: tuple[str, ...] = DEFAULT_MISSING_VALUES,
     ) -> None:
         self._text = text
         self._tee = tee
         self._block = block_chars
-        self._native = native and arrowcsv.AVAILABLE
-        self._columns = columns
+        self._native = native if arrowcsv.AVAILABLE else None
+        self._markers = markers
         self._delimiter = check_delimiter(delimiter)
         self._line = 0  # physical lines consumed so far
         self._carry: tuple[list[list[str]], int] | None = None
@@ -454,13 +461,19 @@ class RecordReader:
         if self._tee is not None:
             self._tee(joined)
         first = self._line + 1
-        if self._native and width and '"' not in joined:
+        if self._native is not None and width and '"' not in joined:
             arrays = arrowcsv.split_block(
-                joined, width=width, delimiter=self._delimiter, columns=self._columns
+                joined,
+                width=width,
+                delimiter=self._delimiter,
+                shapes=self._native(),
+                markers=self._markers,
             )
             if arrays is not None:
                 self._line += arrays.pop()
-                return Batch(first_line=first, arrays=arrays, text=joined)
+                return Batch(
+                    first_line=first, arrays=arrays, text=joined, delimiter=self._delimiter
+                )
         lines = io.StringIO(joined, newline="").readlines()
         if '"' not in joined and width > 1:
             delimiter = self._delimiter

@@ -76,6 +76,7 @@ from sandbox.csvformat import (
     encode_trailer,
     locate_decode_error,
     normalise_missing,
+    parses_as_float,
     resolve_encoding,
     widen,
 )
@@ -100,7 +101,7 @@ PAYLOAD_FORMAT = "frp-csv/1"
 
 _SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
 _READ_BLOCK = 1 << 20
-NATIVE_BLOCK_CHARS = 2 << 20  # text per block on the native path (few per-block calls, low RSS)
+NATIVE_BLOCK_CHARS = 1 << 20  # text per native block: ~10 bytes of memory per character
 
 
 class IngestError(Exception):
@@ -236,20 +237,22 @@ def _canonical_payload(
     pending: list[str] = []
     passthrough = delimiter == ","
     native = native and arrowcsv.AVAILABLE
+    stats: list[ColumnStats] = []
+    numeric_markers = any(parses_as_float(marker) for marker in missing)
     reader = RecordReader(
         text,
         delimiter=delimiter,
         tee=pending.append if passthrough else None,
         block_chars=NATIVE_BLOCK_CHARS if native else BLOCK_CHARS,
-        native=native,
+        native=(lambda: [col.native_shape(numeric_markers) for col in stats]) if native else None,
+        markers=missing,
     )
     names = reader.header
     unknown = [name for name in overrides if name not in names]
     if unknown:
         raise IngestError(f"schema_override names column(s) not in the header: {unknown}")
-    stats = [ColumnStats(name=name, declared=overrides.get(name)) for name in names]
+    stats.extend(ColumnStats(name=name, declared=overrides.get(name)) for name in names)
     marker_set = frozenset(missing)
-    markers = arrowcsv.marker_array(missing) if native else None
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     if not passthrough:
@@ -257,9 +260,10 @@ def _canonical_payload(
         yield _take(out).encode("utf-8")
     rows = 0
     for batch in reader.batches():
+        neg_zero = _NegZero(batch)
         for index, col in enumerate(stats):
             array = batch.array(index)
-            if array is not None and col.add_array(array, markers):
+            if array is not None and col.add_native(array, marker_set, neg_zero):
                 continue
             try:
                 col.add_batch(batch.column(index), marker_set)
@@ -294,6 +298,19 @@ def _canonical_payload(
     outcome.profile = compute_profile(stats, rows)
     outcome.row_count = rows
     yield encode_trailer(json.dumps(meta, ensure_ascii=False).encode("utf-8"))
+
+
+class _NegZero:
+    """Whether a native batch's text may hold a ``-0`` cell (searched once, when first asked)."""
+
+    def __init__(self, batch) -> None:
+        self._batch = batch
+        self._found: bool | None = None
+
+    def __call__(self) -> bool:
+        if self._found is None:
+            self._found = arrowcsv.NEG_ZERO.search(self._batch.text) is not None
+        return self._found
 
 
 def _take(out: io.StringIO) -> str:

@@ -371,12 +371,23 @@ def _parse_canonical(
     wanted = set(names)
     indices = [i for i, name in enumerate(header) if name in wanted]
     sinks = {i: _Sink(schema[i][1], rows, missing) for i in indices}
+    numeric_markers = any(parses_as_float(marker) for marker in missing)
+    shapes = [
+        None
+        if i not in sinks
+        else "float"
+        if kind in NUMERIC_TYPES and not numeric_markers
+        else "dict"
+        for i, (_, kind) in enumerate(schema)
+    ]
     parsed = 0
     text = io.TextIOWrapper(
         io.BufferedReader(raw, 1 << 20), encoding="utf-8", errors="strict", newline=""
     )
     try:
-        reader = RecordReader(text, block_chars=_NATIVE_BLOCK, native=True, columns=indices)
+        reader = RecordReader(
+            text, block_chars=_NATIVE_BLOCK, native=lambda: shapes, markers=missing
+        )
         if reader.header != header:
             raise LoaderError(f"{where}: the header does not match the schema recorded at ingest")
         for batch in reader.batches():
@@ -407,13 +418,13 @@ class _Sink:
     """A preallocated array for one column of a known type, filled batch by batch: ``float64``
     for ``int``/``float`` (missing → ``nan``), ``datetime64[D]`` for ``date`` (missing →
     ``NaT``), ``object`` for ``bool`` (``True``/``False``/``None``) and ``str`` (``None`` for
-    missing; equal strings of a batch share one object). Raises ``ValueError`` for a value that
-    does not fit the type."""
+    missing; equal strings of a batch share one object). A native batch is converted once per
+    distinct cell (``sandbox.arrowcsv``), else by the Python rules of ``_Column``. Raises
+    ``ValueError`` for a value that does not fit the type."""
 
     def __init__(self, kind: str, rows: int, missing: tuple[str, ...]) -> None:
         self.kind = kind
         self.missing = frozenset(missing)
-        self.markers = arrowcsv.marker_array(missing) if arrowcsv.load() else None
         self.column = _Column(kind, self.missing)
         if kind in NUMERIC_TYPES:
             self.array = np.empty(rows, dtype=np.float64)
@@ -423,17 +434,15 @@ class _Sink:
             self.array = np.empty(rows, dtype=object)
 
     def put(self, batch, index: int, start: int) -> None:
-        cells = batch.array(index)
         end = start + batch.n_rows
+        cells = batch.array(index)
         if cells is not None:
-            if self.kind in NUMERIC_TYPES:
-                numbers = arrowcsv.numbers_or_nan(cells, self.markers)
-                if numbers is not None:
-                    self.array[start:end] = numbers
-                    return
-            elif self.kind == "str":
-                self.array[start:end] = arrowcsv.strings_or_none(cells, self.markers)
-                return
+            if arrowcsv.shape_of(cells) != "dict":
+                self.array[start:end] = arrowcsv.numbers(cells)
+            else:
+                raw_values, positions = arrowcsv.dictionary(cells)
+                self.array[start:end] = self._convert(raw_values)[positions]
+            return
         values = batch.column(index)
         column = self.column
         if self.kind in NUMERIC_TYPES:
@@ -442,6 +451,24 @@ class _Sink:
         column.parts, column.values = [], []
         column.add(values)
         self.array[start:end] = column.parts[0] if self.kind == "date" else column.values
+
+    def _convert(self, raw_values: list[str]) -> np.ndarray:
+        """The column's value of each distinct raw cell (the rules of ``_Column``)."""
+        missing = self.missing
+        stripped = [value.strip() for value in raw_values]
+        kind = self.kind
+        if kind in NUMERIC_TYPES:
+            return np.array(
+                [float("nan") if v in missing else float(v) for v in stripped], dtype=np.float64
+            )
+        if kind == "date":
+            return np.array(["NaT" if v in missing else v for v in stripped], dtype="datetime64[D]")
+        out = np.empty(len(stripped), dtype=object)
+        if kind == "bool":
+            out[:] = [None if v in missing else v.lower() == "true" for v in stripped]
+        else:
+            out[:] = [None if v in missing else v for v in stripped]
+        return out
 
 
 def parse_table(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -117,25 +117,66 @@ class ColumnStats:
                 self.categories = None  # the earlier values were not counted
             self._count_categories(present)
 
-    def add_array(self, cells, markers) -> bool:
-        """Account a batch of cells held as a ``pyarrow`` string array (``sandbox.arrowcsv``),
-        with exactly the outcome of ``add_batch`` on the same cells; ``markers`` are the
-        missing-value markers as ``arrowcsv.marker_array`` gives them.
+    def native_shape(self, numeric_markers: bool) -> str:
+        """The ``sandbox.arrowcsv`` shape to ask for this column's next batch: ``"int"`` or
+        ``"float"`` while it is (or is declared) numeric — unless a missing-value marker is a
+        number (``numeric_markers``; module doc of ``arrowcsv``) — else ``"dict"``."""
+        hint = self.declared or self.type
+        if hint in NUMERIC_TYPES and not numeric_markers:
+            return hint
+        return "dict"
+
+    def add_native(self, cells, missing: frozenset[str], neg_zero: Callable[[], bool]) -> bool:
+        """Account a batch of cells held as a ``pyarrow`` array of a ``sandbox.arrowcsv``
+        shape, with exactly the outcome of ``add_batch`` on the same cells as strings;
+        ``missing`` are the stripped missing-value markers; ``neg_zero()`` tells whether the
+        block may hold a ``-0`` cell (an ``int`` array has lost its sign; that matters to the
+        mean only when every value is zero, and ``min``/``max`` may then hold ``0.0`` for
+        ``-0.0``: they are not part of the profile).
 
         Returns ``False`` — having changed nothing but a cache of validated dates — when the
         batch needs the Python rules (a value that does not fit ``declared``, a numeric column
-        turning to text, a number ``float()`` reads but Arrow does not); the caller then calls
-        ``add_batch`` with the cells as strings, which also raises the exact ``CellError``.
+        turning to text, a number that is not finite, ``-0`` among zeros only); the caller
+        then calls ``add_batch`` with the cells as strings, which also raises the exact
+        ``CellError``.
         """
         target = self.declared
         current = self.type
         hint = target or current
-        if hint in (None, "int", "float") and self._array_numbers_fast(cells, markers, target):
+        shape = arrowcsv.shape_of(cells)
+        if shape != "dict":
+            values = arrowcsv.numbers(cells)
+            present = arrowcsv.valid(cells)
+            if present is not None:
+                values = values[present]
+            if not np.isfinite(values).all():
+                return False
+            if shape == "int" and len(values) and not values.any() and neg_zero():
+                return False  # all zeros, some maybe "-0": their sum's sign needs the text
+            # "float": the column is (declared) float already, so the batch's own kind
+            # (int or float) does not change its type.
+            kind = shape
+            if target is not None and kind not in ACCEPTS[target]:
+                return False
+            self.missing += len(cells) - len(values)
+            if len(values):
+                self.count += len(values)
+                self.type = target or widen(current, kind)
+                self._merge_numbers(values)
             return True
-        values = arrowcsv.strip(cells)
-        mask, n_missing = arrowcsv.missing_mask(values, markers)
-        present = arrowcsv.drop(values, mask)
-        n_present = len(present)
+        raw_values, index = arrowcsv.dictionary(cells)
+        stripped = [value.strip() for value in raw_values]
+        counts = np.bincount(index, minlength=len(raw_values)).tolist()
+        tally: dict[str, int] = {}
+        n_missing = 0
+        for value, count in zip(stripped, counts, strict=True):
+            if not count:
+                continue
+            if value in missing:
+                n_missing += count
+            else:
+                tally[value] = tally.get(value, 0) + count
+        n_present = len(cells) - n_missing
         if n_present == 0:
             self.missing += n_missing
             return True
@@ -143,24 +184,26 @@ class ColumnStats:
             self.missing += n_missing
             self.count += n_present
             self.type = "str"
-            if self.categories is not None:
-                self._count_categories(dict(zip(*arrowcsv.counts(present), strict=True)))
+            self._count_categories(tally)
             return True
+        distinct = set(tally)
         if hint in (None, "int", "float"):
-            parsed = arrowcsv.finite_floats(present)
-            if parsed is not None:
-                quick, numbers = parsed
+            quick = numeric_kind(list(distinct))
+            floats = None
+            if quick is not None:
+                # float() of every distinct cell (a missing one as 0: it is left out below)
+                floats = _parse_floats([v if v in tally else "0" for v in stripped])
+            if floats is not None:
                 if target is not None and quick not in ACCEPTS[target]:
                     return False
+                keep = np.array([v in tally for v in stripped], dtype=bool)[index]
                 self.missing += n_missing
                 self.count += n_present
                 self.type = target or widen(current, quick)
-                self._merge_numbers(numbers)
+                self._merge_numbers(floats[index][keep])
                 return True
             if hint is not None:
                 return False
-        values_seen, seen_counts = arrowcsv.counts(present)
-        distinct = set(values_seen)
         if hint in (None, "bool") and is_bool_batch(distinct):
             kind = "bool"
         elif hint in (None, "date") and self._all_dates(distinct):
@@ -182,27 +225,7 @@ class ColumnStats:
         else:  # bool or str
             if current in ("int", "float", "date"):
                 self.categories = None  # the earlier values were not counted
-            self._count_categories(dict(zip(values_seen, seen_counts, strict=True)))
-        return True
-
-    def _array_numbers_fast(self, cells, markers, target) -> bool:
-        """``_numbers_fast`` for an array: every cell a finite number made of digits, signs,
-        ``.``, ``e``, ``E`` only (so nothing to strip) and no marker that such a cell could
-        equal (the empty marker matches no cell here: an empty cell is not a number)."""
-        rest = arrowcsv.number_bytes(cells)
-        if rest is None:
-            return False
-        if any(m and not m.strip("0123456789+-.eE") for m in markers.to_pylist()):
-            return False
-        parsed = arrowcsv.finite_floats(cells, rest)
-        if parsed is None:
-            return False
-        quick, numbers = parsed
-        if target is not None and quick not in ACCEPTS[target]:
-            return False
-        self.count += len(cells)
-        self.type = target or widen(self.type, quick)
-        self._merge_numbers(numbers)
+            self._count_categories(tally)
         return True
 
     def _all_dates(self, distinct: set[str]) -> bool:

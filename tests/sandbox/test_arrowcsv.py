@@ -11,12 +11,10 @@ from __future__ import annotations
 import codecs
 import io
 import random
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pytest
 
 from benchmarks.sandbox import generate_csv
@@ -152,11 +150,6 @@ def _ingest_both(tmp_path: Path, data: bytes, kw: dict, kek: bytes):
     return out
 
 
-def test_py_whitespace_is_every_code_point_str_strip_removes():
-    expected = "".join(chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace())
-    assert expected == arrowcsv.PY_WHITESPACE
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_native_and_python_paths_store_the_same_payload_and_profile(
     case, tmp_path, kek, small_blocks
@@ -183,7 +176,9 @@ def test_native_and_python_paths_refuse_a_bad_file_with_the_same_message(
 
 def test_native_path_is_taken_for_quote_free_blocks():
     text = "a,b\n" + "1,x\n" * 50 + '2,"y"\n' + "3,z\n" * 50
-    reader = RecordReader(io.StringIO(text, newline=""), block_chars=100, native=True)
+    reader = RecordReader(
+        io.StringIO(text, newline=""), block_chars=100, native=lambda: ["int", "dict"]
+    )
 
     batches = list(reader.batches())
 
@@ -191,6 +186,9 @@ def test_native_path_is_taken_for_quote_free_blocks():
     assert sum(b.n_rows for b in batches) == 101
     lines = [b.line_of(i) for b in batches for i in range(b.n_rows)]
     assert lines == list(range(2, 103))
+    native = next(b for b in batches if b.native)
+    assert native.array(0).to_pylist()[:2] == [1, 1]
+    assert list(native.column(1)[:2]) == ["x", "x"]
 
 
 def test_large_generated_file_same_payload_and_profile(tmp_path, kek, monkeypatch):
@@ -218,10 +216,23 @@ def _state(col: ColumnStats) -> dict:
     return out
 
 
+def _split(cells: list[str], shape: str, markers: tuple[str, ...]):
+    """``cells`` as one column through Arrow's CSV parser, as ingest would get it."""
+    text = "".join(f"{cell}\n" for cell in cells)
+    if '"' in text or "\r" in text or any(not c.strip() for c in cells):
+        return None
+    arrays = arrowcsv.split_block(text, width=1, delimiter=",", shapes=[shape], markers=markers)
+    return None if arrays is None else arrays[0]
+
+
 def _add(col: ColumnStats, cells: list[str], markers: tuple[str, ...], native: bool) -> str | None:
+    numeric = any(m and not m.strip("0123456789.eE+-") for m in markers)
     try:
-        if native and col.add_array(pa.array(cells, pa.string()), arrowcsv.marker_array(markers)):
-            return None
+        if native:
+            array = _split(cells, col.native_shape(numeric), markers)
+            neg_zero = arrowcsv.NEG_ZERO.search("\n".join(cells)) is not None
+            if array is not None and col.add_native(array, frozenset(markers), lambda: neg_zero):
+                return None
         col.add_batch(cells, frozenset(markers))
     except CellError as exc:
         return f"{exc.index}:{exc.expected}"
@@ -229,36 +240,59 @@ def _add(col: ColumnStats, cells: list[str], markers: tuple[str, ...], native: b
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_add_array_matches_add_batch_on_random_cells(seed):
+def test_add_native_matches_add_batch_on_random_cells(seed):
     rng = random.Random(seed)
-    vocab = ["1", "2.5", "-0", "+7", "1e3", "true", "FALSE", "2020-01-31", "2021-02-30", ""]
+    vocab = ["1", "2.5", "-0", "+7", "1e3", "true", "FALSE", "2020-01-31", "2021-02-30", "NA"]
+    native_batches = 0
     for _ in range(300):
         declared = rng.choice([None, None, "int", "float", "str", "bool", "date"])
         markers = rng.choice([("",), ("", "NA"), ("-999",), ()])
         a, b = ColumnStats("c", declared=declared), ColumnStats("c", declared=declared)
-        for _batch in range(rng.randint(1, 3)):
+        for _batch in range(rng.randint(1, 4)):
             cells = [
                 rng.choice(vocab)
                 if rng.random() < 0.6
-                else "".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, 5)))
+                else "".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 5)))
                 for _ in range(rng.randint(1, 8))
             ]
-            if rng.random() < 0.2:
+            if rng.random() < 0.4:
                 cells = [str(rng.randint(-50, 50)) for _ in cells]
+            if rng.random() < 0.2:
+                cells = [f"{rng.uniform(-9, 9):.3f}" for _ in cells]
+            native_batches += _split(cells, a.native_shape(False), markers) is not None
             errors = (_add(a, cells, markers, True), _add(b, cells, markers, False))
             assert errors[0] == errors[1], (cells, declared, markers)
             if errors[0] is not None:
                 break
             assert _state(a) == _state(b), (cells, declared, markers)
+    assert native_batches > 300  # the native path was exercised, not only the fallback
 
 
-def test_finite_floats_equal_python_float():
+def test_int_shape_reads_numbers_like_float_and_refuses_what_python_reads_otherwise():
+    cells = ["7", " 12 ", "-3", "007", "9007199254740993"]
+
+    array = _split(cells, "int", ("",))
+
+    assert arrowcsv.numbers(array).tolist() == [float(c) for c in cells]
+    for refused in (["+5"], ["1.5"], ["1_0"], ["99999999999999999999"], ["nan"]):
+        assert _split(refused, "int", ("",)) is None
+
+
+def test_float_shape_equals_python_float():
     rng = np.random.default_rng(1)
     cells = [repr(float(x)) for x in rng.normal(size=500) * 10.0 ** rng.integers(-30, 30, 500)]
-    cells += ["9007199254740993", "0.1000000000000000055511151231257827", "-0", "+.5", "5."]
+    cells += ["0.1000000000000000055511151231257827", "-0", "+.5", "5.", "1E-3"]
 
-    kind, values = arrowcsv.finite_floats(pa.array(cells))
+    values = arrowcsv.numbers(_split(cells, "float", ("",)))
 
-    assert kind == "float"
     assert values.tolist() == [float(c) for c in cells]
-    assert [str(v) for v in values[-3:]] == ["-0.0", "0.5", "5.0"]
+    assert str(values[-4]) == "-0.0"
+    for refused in (["1_0"], ["\u0663"], ["0x10"], ["1e"], ["-"]):
+        assert _split(refused, "float", ("",)) is None
+
+
+def test_neg_zero_pattern():
+    assert arrowcsv.NEG_ZERO.search("1,-0,2")
+    assert arrowcsv.NEG_ZERO.search("-00\n")
+    assert arrowcsv.NEG_ZERO.search("a; -0 ;b")
+    assert not arrowcsv.NEG_ZERO.search("1,-0.5,-10,2020-01-01")
