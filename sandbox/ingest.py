@@ -6,15 +6,22 @@ encodings, delimiters, quoting, missing-value markers, types — live in ``sandb
 shared with ``sandbox.loader``; the column statistics and the disclosure-controlled profile live in
 ``sandbox.profile``.
 
-**One streaming pass, constant memory.** ``ingest_csv`` reads the file once, in blocks of about
-256 K characters of whole lines (``csvformat.RecordReader``): a block without quotes is cut into
-columns with one ``str.split``, a block with quotes goes through the ``csv`` module (C); each
-column of the block is then typed and profiled with whole-column operations (a character test
-on the joined column, ``float()`` through ``numpy.fromiter`` for numeric summaries, ``Counter``
-for categories) rather than per-cell Python code, and the canonical text of the block is
-encrypted straight away (``sandbox.crypto.encrypt_stream``) into a temp file of ciphertext,
-which ``ObjectStore.put_file`` stores atomically at the end. Memory is one block plus bounded
-category counts, whatever the file size; no plaintext touches disk.
+**One streaming pass, constant memory.** ``ingest_csv`` reads the file once, in blocks of whole
+lines (``csvformat.RecordReader``). The native path (default, needs ``pyarrow``; see
+``sandbox.arrowcsv``) hands a block of about 1 M characters without any ``"`` to Arrow's CSV
+parser, asking for each column what its type so far allows — ``int64``/``float64`` for a
+numeric column, dictionary-encoded text otherwise — so numbers are converted in C++ and each
+distinct text value is typed, stripped and counted once in Python (``ColumnStats.add_native``).
+Whatever Arrow cannot show to be exactly what the Python rules give (a block with quotes, a
+ragged line, a value that changes a column's type or breaks an override, ``nan``, a numeric
+missing-value marker) goes through the Python path for that block or column: blocks of about
+256 K characters, ``str.split`` or the ``csv`` module, whole-column operations in
+``ColumnStats.add_batch``. Both paths give the same payload bytes, schema, profile and error
+messages (``tests/sandbox/test_arrowcsv.py``); ``native=False`` forces the Python path. The
+canonical text of each block is encrypted straight away (``sandbox.crypto.encrypt_stream``) into
+a temp file of ciphertext, which ``ObjectStore.put_file`` stores atomically at the end. Memory
+is one block (about 10 bytes per character on the native path) plus bounded category counts,
+whatever the file size; no plaintext touches disk.
 
 **What is stored** (the plaintext inside the encrypted object)::
 
@@ -386,7 +393,7 @@ def ingest_csv(
     Stores the canonical payload (module doc) encrypted (``sandbox.crypto``, associated data
     from ``site``, ``dataset``, ``version``) under ``store_key_for(...)``. ``tmp_dir`` holds
     the ciphertext while it is written (default: the system temp dir); the temp file is
-    always removed. One pass over the file; memory is constant in the file size. Atomic: on
+    always removed. ``native=False`` skips the Arrow fast path (module doc; same results). One pass over the file; memory is constant in the file size. Atomic: on
     any failure nothing is stored.
 
     Raises ``IngestError`` for a bad CSV — empty file, no data rows, bad header, ragged row,
