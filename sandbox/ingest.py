@@ -393,8 +393,9 @@ def ingest_csv(
     Stores the canonical payload (module doc) encrypted (``sandbox.crypto``, associated data
     from ``site``, ``dataset``, ``version``) under ``store_key_for(...)``. ``tmp_dir`` holds
     the ciphertext while it is written (default: the system temp dir); the temp file is
-    always removed. ``native=False`` skips the Arrow fast path (module doc; same results). One pass over the file; memory is constant in the file size. Atomic: on
-    any failure nothing is stored.
+    always removed. ``native=False`` skips the Arrow fast path (module doc; same results).
+    One pass over the file; memory is constant in the file size. Atomic: on any failure
+    nothing is stored.
 
     Raises ``IngestError`` for a bad CSV — empty file, no data rows, bad header, ragged row,
     unclosed quote, undecodable bytes, a value that does not fit its override; the message
