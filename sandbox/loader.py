@@ -1,13 +1,17 @@
 """Site-side loader the Flower ClientApp uses to read its own dataset (imports no Django).
 
-Owns turning a stored, encrypted dataset version into training arrays: fetch the object, decrypt
-it whole in memory (plaintext never touches disk), parse the canonical CSV that
-``sandbox.ingest`` stored with the schema and missing-value markers stored beside it in the same
-encrypted payload (see ``sandbox.ingest``; no encoding or delimiter knowledge needed), and build
-``X``/``y`` and a deterministic stratified train/test split with numpy only — no pandas or
-scikit-learn import, since the ClientApp pays every import on every Flower message. Objects
-stored before the canonical format (the original UTF-8 CSV bytes) are parsed with the rules of
-that time: empty cells missing, types ``int``/``float``/``str`` inferred.
+Owns turning a stored, encrypted dataset version into training arrays: fetch the object, read
+the trailer that ``sandbox.ingest`` stored after the canonical CSV (schema, missing-value
+markers, row count; ADR 0007), then decrypt the object chunk by chunk and parse its CSV block by
+block straight into numpy arrays allocated for the recorded row count — only for the columns a
+job asks for (``load_table(columns=...)``, ``training_columns``) — so neither the plaintext nor
+the table as Python objects is ever held (plaintext never touches disk). Quote-free blocks are
+split and converted by Arrow (``sandbox.arrowcsv``, imported only for a payload that needs it);
+the rest follows the ``sandbox.csvformat`` rules in Python, with the same results. ``X``/``y``
+and a deterministic stratified train/test split use numpy only — no pandas or scikit-learn
+import, since the ClientApp pays every import on every Flower message. Objects stored before
+the canonical format (the original UTF-8 CSV bytes) are decrypted whole and parsed with the
+rules of that time: empty cells missing, types ``int``/``float``/``str`` inferred.
 
 Every failure raises ``LoaderError`` whose message names the object key or column but never a
 site file path, store host or data value, because ClientApp errors travel to the ServerApp
