@@ -146,7 +146,13 @@ def load_table(
                 decrypt_stream(kek=kek, aad=aad, source=stream), csv_bytes=total - len(raw_trailer)
             )
             table = _parse_canonical(
-                source, where=store_key, schema=schema, missing=missing, rows=rows, names=names
+                source,
+                where=store_key,
+                schema=schema,
+                missing=missing,
+                rows=rows,
+                names=names,
+                native=total >= NATIVE_MIN_BYTES,
             )
             if source.finish() != raw_trailer:
                 raise LoaderError(f"{store_key}: the trailer changed while the object was read")
@@ -354,6 +360,7 @@ def parse_payload(payload: bytes | bytearray | memoryview, *, where: str = "data
         missing=missing,
         rows=rows,
         names=[name for name, _ in schema],
+        native=start >= NATIVE_MIN_BYTES,
     )
 
 
@@ -365,8 +372,10 @@ def _parse_canonical(
     missing: tuple[str, ...],
     rows: int,
     names: list[str],
+    native: bool = True,
 ) -> Table:
-    """Parse the canonical CSV read from ``raw`` into arrays of ``rows`` rows for ``names``.
+    """Parse the canonical CSV read from ``raw`` into arrays of ``rows`` rows for ``names``
+    (``native``: let Arrow read quote-free blocks).
 
     Raises ``LoaderError`` if the header differs from ``schema``, a value does not fit its
     recorded type, or the row count differs from ``rows``.
@@ -390,7 +399,10 @@ def _parse_canonical(
     )
     try:
         reader = RecordReader(
-            text, block_chars=_NATIVE_BLOCK, native=lambda: shapes, markers=missing
+            text,
+            block_chars=_NATIVE_BLOCK,
+            native=(lambda: shapes) if native else None,
+            markers=missing,
         )
         if reader.header != header:
             raise LoaderError(f"{where}: the header does not match the schema recorded at ingest")
@@ -416,6 +428,9 @@ def _parse_canonical(
 
 
 _NATIVE_BLOCK = 1 << 20
+# Below this payload size the Python rules are fast enough and the ClientApp (a new process per
+# Flower message) does not pay the 0.3 s import of pyarrow.
+NATIVE_MIN_BYTES = 4 << 20
 
 
 class _Sink:

@@ -322,8 +322,9 @@ class _NoSeekStore:
         return Stream()
 
 
-def test_load_table_from_a_store_that_cannot_seek(stored, kek):
+def test_load_table_from_a_store_that_cannot_seek(stored, kek, monkeypatch):
     store, result = stored
+    monkeypatch.setattr("sandbox.loader.NATIVE_MIN_BYTES", 0)
 
     plain = load_table(store=store, kek=kek, store_key=result.store_key, **IDS)
     streamed = load_table(store=_NoSeekStore(store), kek=kek, store_key=result.store_key, **IDS)
@@ -342,6 +343,7 @@ def test_native_load_equals_the_python_rules(tmp_path, kek, monkeypatch, case):
     store = FilesystemStore(tmp_path / "store")
     result = ingest_csv(src, store=store, kek=kek, tmp_dir=tmp_path, **IDS, **kw)
     monkeypatch.setattr("sandbox.loader._NATIVE_BLOCK", 4096)
+    monkeypatch.setattr("sandbox.loader.NATIVE_MIN_BYTES", 0)
 
     native = load_table(store=store, kek=kek, store_key=result.store_key, **IDS)
     monkeypatch.setattr("sandbox.arrowcsv.AVAILABLE", False)
@@ -392,3 +394,20 @@ def test_a_row_count_that_differs_from_the_trailer_is_refused(tmp_path, kek):
     store = _store_payload(tmp_path, kek, payload, chunk_size=64)
     with pytest.raises(LoaderError, match="3 rows parsed but 2 recorded"):
         load_table(store=store, kek=kek, store_key="hospital-a/cohort/v2.csv.enc", **IDS)
+
+
+def test_a_small_dataset_loads_without_importing_pyarrow(stored, kek):
+    store, result = stored
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from sandbox.loader import load_table\n"
+        "from sandbox.storage import FilesystemStore\n"
+        f"t = load_table(store=FilesystemStore(Path({str(store.root)!r})), kek={kek!r}, "
+        f"store_key={result.store_key!r}, **{IDS!r})\n"
+        "print(t.n_rows, 'pyarrow' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.split() == ["30", "False"]
