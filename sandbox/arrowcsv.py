@@ -81,9 +81,9 @@ def split_block(
 
     ``shapes[i]`` is ``"int"``, ``"float"``, ``"dict"`` (module doc) or ``None`` (column not
     wanted); ``markers`` are the stripped missing-value markers (nulls of numeric columns).
-    Returns ``width`` ``pyarrow`` arrays (``None`` where not wanted), one cell per non-blank
-    line, followed by the number of physical lines in ``text`` (blank ones included); or
-    ``None`` when Arrow does not read the block exactly as the Python rules do (a line of
+    Returns ``(arrays, lines, data)``: ``width`` ``pyarrow`` arrays (``None`` where not
+    wanted), one cell per non-blank line; the number of physical lines in ``text`` (blank
+    ones included); ``text`` encoded as UTF-8. ``None`` when Arrow does not read the block exactly as the Python rules do (a line of
     another width, a whitespace-only line in a multi-column file, a cell a numeric column
     cannot hold) or the block has no record.
     """
@@ -120,16 +120,17 @@ def split_block(
         return None
     if table.num_rows == 0:
         return None
-    out: list = [None] * (width + 1)
+    arrays: list = [None] * width
     for name in wanted:
         column = table.column(name)
-        out[int(name[1:])] = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+        arrays[int(name[1:])] = (
+            column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+        )
     if b"\r" in data:
         lines = data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n")
     else:
         lines = int(np.count_nonzero(np.frombuffer(data, dtype=np.uint8) == 10))
-    out[width] = lines + (0 if data.endswith((b"\n", b"\r")) else 1)
-    return out
+    return arrays, lines + (0 if data.endswith((b"\n", b"\r")) else 1), data
 
 
 def shape_of(array) -> str:

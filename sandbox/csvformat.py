@@ -309,6 +309,7 @@ class Batch:
         kept: list[int] | None = None,
         arrays: list | None = None,
         text: str | None = None,
+        data: bytes | None = None,
         delimiter: str = DEFAULT_DELIMITER,
     ) -> None:
         self.first_line = first_line
@@ -318,6 +319,7 @@ class Batch:
         self._kept = kept  # index into _raw of each record (None: the same index)
         self._arrays = arrays  # native: one pyarrow string array (or None) per column
         self._text = text  # native: the block's text (whole lines, no quote), for line_of
+        self._data = data  # native: the text as UTF-8
         self._delimiter = delimiter
         self._starts: list[int] | None = None
 
@@ -330,6 +332,11 @@ class Batch:
     def text(self) -> str | None:
         """The block's text (native batches only; whole lines, no quote)."""
         return self._text
+
+    @property
+    def data(self) -> bytes | None:
+        """The block's text as UTF-8 (native batches only)."""
+        return self._data
 
     def array(self, index: int):
         """Column ``index`` as a ``pyarrow`` array (``sandbox.arrowcsv`` shapes), or ``None``
@@ -462,17 +469,22 @@ class RecordReader:
             self._tee(joined)
         first = self._line + 1
         if self._native is not None and width and '"' not in joined:
-            arrays = arrowcsv.split_block(
+            split = arrowcsv.split_block(
                 joined,
                 width=width,
                 delimiter=self._delimiter,
                 shapes=self._native(),
                 markers=self._markers,
             )
-            if arrays is not None:
-                self._line += arrays.pop()
+            if split is not None:
+                arrays, lines, data = split
+                self._line += lines
                 return Batch(
-                    first_line=first, arrays=arrays, text=joined, delimiter=self._delimiter
+                    first_line=first,
+                    arrays=arrays,
+                    text=joined,
+                    data=data,
+                    delimiter=self._delimiter,
                 )
         lines = io.StringIO(joined, newline="").readlines()
         if '"' not in joined and width > 1:

@@ -190,11 +190,10 @@ class _HashingReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer) -> int:
-        data = self._inner.read(len(buffer))
-        buffer[: len(data)] = data
-        self.digest.update(data)
-        self.size += len(data)
-        return len(data)
+        n = self._inner.readinto(buffer)
+        self.digest.update(memoryview(buffer)[:n])
+        self.size += n
+        return n
 
 
 class _BlockReader:
@@ -202,22 +201,29 @@ class _BlockReader:
 
     def __init__(self, blocks: Iterator[bytes]) -> None:
         self._blocks = blocks
-        self._buffer = bytearray()
-        self._done = False
+        self._head = b""  # the block being read, from offset _pos
+        self._pos = 0
 
     def read(self, size: int = -1) -> bytes:
-        while not self._done and (size < 0 or len(self._buffer) < size):
-            try:
-                self._buffer += next(self._blocks)
-            except StopIteration:
-                self._done = True
-        if size < 0 or size >= len(self._buffer):
-            out = bytes(self._buffer)
-            self._buffer.clear()
-            return out
-        out = bytes(self._buffer[:size])
-        del self._buffer[:size]
-        return out
+        parts: list = []
+        have = 0
+        while size < 0 or have < size:
+            left = len(self._head) - self._pos
+            if left <= 0:
+                self._head = next(self._blocks, None)
+                self._pos = 0
+                if self._head is None:
+                    self._head = b""
+                    break
+                continue
+            take = left if size < 0 else min(left, size - have)
+            if take == len(self._head):
+                parts.append(self._head)
+            else:
+                parts.append(memoryview(self._head)[self._pos : self._pos + take])
+            self._pos += take
+            have += take
+        return b"".join(parts)
 
 
 @dataclass
@@ -282,6 +288,10 @@ def _canonical_payload(
                 ) from None
         rows += batch.n_rows
         if passthrough:
+            if batch.native and len(pending) == 1 and pending[0] is batch.text:
+                pending.clear()
+                yield batch.data  # the block's text, already encoded
+                continue
             chunk = "".join(pending)
             pending.clear()
         elif batch.native and "," not in batch.text:

@@ -165,17 +165,23 @@ class ColumnStats:
                 self._merge_numbers(values)
             return True
         raw_values, index = arrowcsv.dictionary(cells)
-        stripped = [value.strip() for value in raw_values]
+        stripped = strip_all(raw_values)
         counts = np.bincount(index, minlength=len(raw_values)).tolist()
-        tally: dict[str, int] = {}
         n_missing = 0
-        for value, count in zip(stripped, counts, strict=True):
-            if not count:
-                continue
-            if value in missing:
-                n_missing += count
-            else:
-                tally[value] = tally.get(value, 0) + count
+        if stripped is raw_values and missing.isdisjoint(raw_values):
+            # nothing to strip, no marker: the dictionary's values are distinct already
+            tally = dict(zip(raw_values, counts, strict=True))
+            if 0 in tally.values():
+                tally = {value: count for value, count in tally.items() if count}
+        else:
+            tally = {}
+            for value, count in zip(stripped, counts, strict=True):
+                if not count:
+                    continue
+                if value in missing:
+                    n_missing += count
+                else:
+                    tally[value] = tally.get(value, 0) + count
         n_present = len(cells) - n_missing
         if n_present == 0:
             self.missing += n_missing

@@ -221,8 +221,8 @@ def _split(cells: list[str], shape: str, markers: tuple[str, ...]):
     text = "".join(f"{cell}\n" for cell in cells)
     if '"' in text or "\r" in text or any(not c.strip() for c in cells):
         return None
-    arrays = arrowcsv.split_block(text, width=1, delimiter=",", shapes=[shape], markers=markers)
-    return None if arrays is None else arrays[0]
+    split = arrowcsv.split_block(text, width=1, delimiter=",", shapes=[shape], markers=markers)
+    return None if split is None else split[0][0]
 
 
 def _add(col: ColumnStats, cells: list[str], markers: tuple[str, ...], native: bool) -> str | None:
