@@ -275,6 +275,58 @@ def decrypt_stream(*, kek: bytes, aad: bytes, source: BinaryIO) -> Iterator[byte
         counter += 1
 
 
+def decrypt_tail(*, kek: bytes, aad: bytes, source: BinaryIO, size: int) -> tuple[bytes, int]:
+    """The last ``size`` plaintext bytes of the object in the seekable ``source`` (all of the
+    plaintext if it is shorter) and the plaintext's total length in bytes.
+
+    Decrypts only the final chunk and as many chunks before it as ``size`` needs (each one
+    verified; the final one with the last-chunk flag, so a truncated or extended object fails):
+    what a reader needs to see a trailer before streaming the whole object. It does not verify
+    the chunks it skips — read the object with ``decrypt_stream`` before trusting the rest.
+
+    Raises ``CryptoError`` like ``decrypt_stream`` (wrong key or ``aad``, tampered header or
+    chunk, an object whose length is not a valid sequence of chunks) and ``ValueError`` for a
+    negative ``size``; ``OSError``/``io.UnsupportedOperation`` if ``source`` cannot seek.
+    """
+    if size < 0:
+        raise ValueError(f"size must be >= 0, got {size}")
+    _check_key(kek, "key-encryption key")
+    source.seek(0)
+    header = read_header(source)
+    dek = _unwrap(kek, header, aad)
+    aead = AESGCM(dek)
+    chunk_aad = _CHUNK_LABEL + header.fixed + aad
+    full = header.chunk_size + TAG_BYTES
+    body = source.seek(0, os.SEEK_END) - HEADER_BYTES
+    if body < TAG_BYTES:
+        raise CryptoError("truncated object: stream ended before the final chunk")
+    last = (body - TAG_BYTES) // full
+    last_len = body - last * full  # sealed length of the final chunk
+    if last_len >= full:
+        raise CryptoError("truncated object: stream ended before the final chunk")
+    if last >= MAX_CHUNKS:
+        raise CryptoError("chunk counter overflow: object has more than 2**32 chunks")
+    total = last * header.chunk_size + last_len - TAG_BYTES
+    parts: list[bytes] = []
+    have = 0
+    index = last
+    while index >= 0 and have < size:
+        source.seek(HEADER_BYTES + index * full)
+        sealed = _read_exact(source, last_len if index == last else full)
+        nonce = chunk_nonce(header.nonce_prefix, index, last=index == last)
+        try:
+            plaintext = aead.decrypt(nonce, sealed, chunk_aad)
+        except InvalidTag:
+            raise CryptoError(
+                f"chunk {index} failed authentication (tampered, reordered or truncated)"
+            ) from None
+        parts.append(plaintext)
+        have += len(plaintext)
+        index -= 1
+    tail = b"".join(reversed(parts))
+    return tail[len(tail) - min(size, len(tail)) :], total
+
+
 def decrypt_all(*, kek: bytes, aad: bytes, source: BinaryIO) -> bytes:
     """Decrypt the whole object in memory; return plaintext only if every chunk verified.
 

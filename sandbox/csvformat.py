@@ -34,10 +34,13 @@ from __future__ import annotations
 import codecs
 import csv
 import datetime as dt
+import io
 import itertools
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TextIO
+
+from sandbox import arrowcsv
 
 DELIMITERS = (",", ";", "\t")
 DEFAULT_DELIMITER = ","
@@ -290,7 +293,10 @@ class Batch:
 
     ``columns`` holds one sequence of raw field strings per column and ``rows`` one list per
     record (whichever the reader did not produce is built on first use); ``n_rows`` counts the
-    records; ``line_of(i)`` is the physical line (1-based) on which record ``i`` starts.
+    records; ``line_of(i)`` is the physical line (1-based) on which record ``i`` starts. A batch
+    split natively (``RecordReader(native=True)``) holds ``pyarrow`` string arrays instead
+    (``array(i)``; ``None`` for a column the reader was not asked for) and the block's text,
+    and builds Python lists only when asked (``column(i)``, ``columns``, ``rows``).
     """
 
     def __init__(
@@ -301,31 +307,80 @@ class Batch:
         columns: list[list[str]] | None = None,
         raw: list[list[str]] | None = None,
         kept: list[int] | None = None,
+        arrays: list | None = None,
+        text: str | None = None,
+        data: bytes | None = None,
+        delimiter: str = DEFAULT_DELIMITER,
     ) -> None:
         self.first_line = first_line
         self._rows = rows
         self._columns = columns
         self._raw = raw  # records as read, blank lines included (None: one record per line)
         self._kept = kept  # index into _raw of each record (None: the same index)
+        self._arrays = arrays  # native: one pyarrow string array (or None) per column
+        self._text = text  # native: the block's text (whole lines, no quote), for line_of
+        self._data = data  # native: the text as UTF-8
+        self._delimiter = delimiter
+        self._starts: list[int] | None = None
+
+    @property
+    def native(self) -> bool:
+        """Whether the cells are held as ``pyarrow`` arrays (``array(i)``)."""
+        return self._arrays is not None
+
+    @property
+    def text(self) -> str | None:
+        """The block's text (native batches only; whole lines, no quote)."""
+        return self._text
+
+    @property
+    def data(self) -> bytes | None:
+        """The block's text as UTF-8 (native batches only)."""
+        return self._data
+
+    def array(self, index: int):
+        """Column ``index`` as a ``pyarrow`` array (``sandbox.arrowcsv`` shapes), or ``None``
+        (not a native batch, or a column the reader was not asked for)."""
+        return self._arrays[index] if self._arrays is not None else None
+
+    def column(self, index: int) -> Sequence[str]:
+        """Column ``index`` as a sequence of raw field strings."""
+        return self.columns[index]
 
     @property
     def rows(self) -> list[list[str]]:
         if self._rows is None:
-            self._rows = [list(row) for row in zip(*self._columns, strict=True)]
+            self._rows = [list(row) for row in zip(*self.columns, strict=True)]
         return self._rows
 
     @property
     def columns(self) -> list[Sequence[str]]:
         if self._columns is None:
+            if self._rows is None:  # native: split the block's lines (no quote, none ragged)
+                lines = io.StringIO(self._text, newline="").readlines()
+                blank = ("\n", "\r\n", "\r")
+                self._rows = [
+                    line.rstrip("\r\n").split(self._delimiter)
+                    for line in lines
+                    if line not in blank
+                ]
             self._columns = list(zip(*self._rows, strict=True))
         return self._columns
 
     @property
     def n_rows(self) -> int:
+        if self._arrays is not None:
+            return next(len(a) for a in self._arrays if a is not None)
         return len(self._rows) if self._rows is not None else len(self._columns[0])
 
     def line_of(self, index: int) -> int:
         """Physical line number on which record ``index`` starts."""
+        if self._text is not None:
+            if self._starts is None:
+                lines = io.StringIO(self._text, newline="").readlines()
+                blank = ("\n", "\r\n", "\r")
+                self._starts = [i for i, line in enumerate(lines) if line not in blank]
+            return self.first_line + self._starts[index]
         if self._raw is None:
             return self.first_line + index
         raw_index = self._kept[index] if self._kept is not None else index
@@ -348,6 +403,14 @@ class RecordReader:
     record: without quotes a line break always ends a record and the ``csv`` module returns
     the same fields); a block with a quote goes through ``csv.reader`` (strict), which reads
     further lines when a quoted field runs past the end of the block.
+
+    ``native`` (needs ``pyarrow``, see ``sandbox.arrowcsv``) is a function giving, before each
+    block, the shape wanted for every column (``"int"``, ``"float"``, ``"dict"`` or ``None``);
+    a block without any ``"`` then goes to Arrow's CSV parser first, with ``markers`` (the
+    stripped missing-value markers) as the nulls of numeric columns, and the batch holds
+    ``pyarrow`` arrays. Arrow is used only where it reads exactly as the rules above; a block it
+    does not accept (a ragged or whitespace-only line, a cell its numeric column cannot hold)
+    takes the Python path, which gives the same records or the same error.
     """
 
     def __init__(
@@ -357,10 +420,14 @@ class RecordReader:
         delimiter: str = DEFAULT_DELIMITER,
         tee: Callable[[str], object] | None = None,
         block_chars: int = BLOCK_CHARS,
+        native: Callable[[], list[str | None]] | None = None,
+        markers: tuple[str, ...] = DEFAULT_MISSING_VALUES,
     ) -> None:
         self._text = text
         self._tee = tee
         self._block = block_chars
+        self._native = native if arrowcsv.AVAILABLE else None
+        self._markers = markers
         self._delimiter = check_delimiter(delimiter)
         self._line = 0  # physical lines consumed so far
         self._carry: tuple[list[list[str]], int] | None = None
@@ -373,18 +440,53 @@ class RecordReader:
                 self._tee(line)
             yield line
 
-    def _next_block(self, width: int = 0) -> tuple[list[list[str]], int] | Batch | None:
+    def _read_text(self, size: int) -> str:
+        """About ``size`` characters of whole lines (``\\n``, ``\\r\\n`` or ``\\r`` ends; a
+        ``\\r\\n`` is never cut in two); ``""`` at the end of the stream."""
+        text = self._text.read(max(size, 1))
+        if not text:
+            return text
+        while text.endswith("\r"):
+            more = self._text.read(1)
+            text += more
+            if more in ("", "\n"):
+                return text
+        if not text.endswith("\n"):
+            text += self._text.readline()
+        return text
+
+    def _next_block(
+        self, width: int = 0, size: int | None = None
+    ) -> tuple[list[list[str]], int] | Batch | None:
         """The next block: its raw records (blank lines as ``[]``) and the line of the first,
         or — when ``width`` > 1 is given and every line of an unquoted block holds exactly
         ``width`` fields — a ready ``Batch`` of columns, cut from one ``str.split`` of the block
-        (no per-record lists, no transposition)."""
-        lines = self._text.readlines(self._block)
-        if not lines:
+        (no per-record lists, no transposition), or a native ``Batch`` (class doc)."""
+        joined = self._read_text(self._block if size is None else size)
+        if not joined:
             return None
-        joined = "".join(lines)
         if self._tee is not None:
             self._tee(joined)
         first = self._line + 1
+        if self._native is not None and width and '"' not in joined:
+            split = arrowcsv.split_block(
+                joined,
+                width=width,
+                delimiter=self._delimiter,
+                shapes=self._native(),
+                markers=self._markers,
+            )
+            if split is not None:
+                arrays, lines, data = split
+                self._line += lines
+                return Batch(
+                    first_line=first,
+                    arrays=arrays,
+                    text=joined,
+                    data=data,
+                    delimiter=self._delimiter,
+                )
+        lines = io.StringIO(joined, newline="").readlines()
         if '"' not in joined and width > 1:
             delimiter = self._delimiter
             counts = set(map(str.count, lines, itertools.repeat(delimiter)))
@@ -431,7 +533,7 @@ class RecordReader:
 
     def _read_header(self) -> list[str]:
         while True:
-            block = self._next_block()
+            block = self._next_block(size=1)  # the header line (and any blank lines before it)
             if block is None:
                 raise CsvError("empty file: a header row is required")
             rows, line = block

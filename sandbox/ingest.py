@@ -6,15 +6,22 @@ encodings, delimiters, quoting, missing-value markers, types — live in ``sandb
 shared with ``sandbox.loader``; the column statistics and the disclosure-controlled profile live in
 ``sandbox.profile``.
 
-**One streaming pass, constant memory.** ``ingest_csv`` reads the file once, in blocks of about
-256 K characters of whole lines (``csvformat.RecordReader``): a block without quotes is cut into
-columns with one ``str.split``, a block with quotes goes through the ``csv`` module (C); each
-column of the block is then typed and profiled with whole-column operations (a character test
-on the joined column, ``float()`` through ``numpy.fromiter`` for numeric summaries, ``Counter``
-for categories) rather than per-cell Python code, and the canonical text of the block is
-encrypted straight away (``sandbox.crypto.encrypt_stream``) into a temp file of ciphertext,
-which ``ObjectStore.put_file`` stores atomically at the end. Memory is one block plus bounded
-category counts, whatever the file size; no plaintext touches disk.
+**One streaming pass, constant memory.** ``ingest_csv`` reads the file once, in blocks of whole
+lines (``csvformat.RecordReader``). The native path (default, needs ``pyarrow``; see
+``sandbox.arrowcsv``) hands a block of about 1 M characters without any ``"`` to Arrow's CSV
+parser, asking for each column what its type so far allows — ``int64``/``float64`` for a
+numeric column, dictionary-encoded text otherwise — so numbers are converted in C++ and each
+distinct text value is typed, stripped and counted once in Python (``ColumnStats.add_native``).
+Whatever Arrow cannot show to be exactly what the Python rules give (a block with quotes, a
+ragged line, a value that changes a column's type or breaks an override, ``nan``, a numeric
+missing-value marker) goes through the Python path for that block or column: blocks of about
+256 K characters, ``str.split`` or the ``csv`` module, whole-column operations in
+``ColumnStats.add_batch``. Both paths give the same payload bytes, schema, profile and error
+messages (``tests/sandbox/test_arrowcsv.py``); ``native=False`` forces the Python path. The
+canonical text of each block is encrypted straight away (``sandbox.crypto.encrypt_stream``) into
+a temp file of ciphertext, which ``ObjectStore.put_file`` stores atomically at the end. Memory
+is one block (about 10 bytes per character on the native path) plus bounded category counts,
+whatever the file size; no plaintext touches disk.
 
 **What is stored** (the plaintext inside the encrypted object)::
 
@@ -58,8 +65,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
+from sandbox import arrowcsv
 from sandbox.crypto import KEY_BYTES, associated_data, encrypt_stream
 from sandbox.csvformat import (
+    BLOCK_CHARS,
     DEFAULT_MISSING_VALUES,
     SAMPLE_BYTES,
     TYPES,
@@ -74,6 +83,7 @@ from sandbox.csvformat import (
     encode_trailer,
     locate_decode_error,
     normalise_missing,
+    parses_as_float,
     resolve_encoding,
     widen,
 )
@@ -98,6 +108,7 @@ PAYLOAD_FORMAT = "frp-csv/1"
 
 _SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
 _READ_BLOCK = 1 << 20
+NATIVE_BLOCK_CHARS = 1 << 20  # text per native block: ~10 bytes of memory per character
 
 
 class IngestError(Exception):
@@ -179,11 +190,10 @@ class _HashingReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer) -> int:
-        data = self._inner.read(len(buffer))
-        buffer[: len(data)] = data
-        self.digest.update(data)
-        self.size += len(data)
-        return len(data)
+        n = self._inner.readinto(buffer)
+        self.digest.update(memoryview(buffer)[:n])
+        self.size += n
+        return n
 
 
 class _BlockReader:
@@ -191,22 +201,29 @@ class _BlockReader:
 
     def __init__(self, blocks: Iterator[bytes]) -> None:
         self._blocks = blocks
-        self._buffer = bytearray()
-        self._done = False
+        self._head = b""  # the block being read, from offset _pos
+        self._pos = 0
 
     def read(self, size: int = -1) -> bytes:
-        while not self._done and (size < 0 or len(self._buffer) < size):
-            try:
-                self._buffer += next(self._blocks)
-            except StopIteration:
-                self._done = True
-        if size < 0 or size >= len(self._buffer):
-            out = bytes(self._buffer)
-            self._buffer.clear()
-            return out
-        out = bytes(self._buffer[:size])
-        del self._buffer[:size]
-        return out
+        parts: list = []
+        have = 0
+        while size < 0 or have < size:
+            left = len(self._head) - self._pos
+            if left <= 0:
+                self._head = next(self._blocks, None)
+                self._pos = 0
+                if self._head is None:
+                    self._head = b""
+                    break
+                continue
+            take = left if size < 0 else min(left, size - have)
+            if take == len(self._head):
+                parts.append(self._head)
+            else:
+                parts.append(memoryview(self._head)[self._pos : self._pos + take])
+            self._pos += take
+            have += take
+        return b"".join(parts)
 
 
 @dataclass
@@ -223,6 +240,7 @@ def _canonical_payload(
     missing: tuple[str, ...],
     overrides: dict[str, str],
     outcome: _Outcome,
+    native: bool = True,
 ) -> Iterator[bytes]:
     """Yield the plaintext payload (module doc) block by block while validating and profiling.
 
@@ -231,22 +249,37 @@ def _canonical_payload(
     """
     pending: list[str] = []
     passthrough = delimiter == ","
-    reader = RecordReader(text, delimiter=delimiter, tee=pending.append if passthrough else None)
+    native = native and arrowcsv.AVAILABLE
+    stats: list[ColumnStats] = []
+    numeric_markers = any(parses_as_float(marker) for marker in missing)
+    reader = RecordReader(
+        text,
+        delimiter=delimiter,
+        tee=pending.append if passthrough else None,
+        block_chars=NATIVE_BLOCK_CHARS if native else BLOCK_CHARS,
+        native=(lambda: [col.native_shape(numeric_markers) for col in stats]) if native else None,
+        markers=missing,
+    )
     names = reader.header
     unknown = [name for name in overrides if name not in names]
     if unknown:
         raise IngestError(f"schema_override names column(s) not in the header: {unknown}")
-    stats = [ColumnStats(name=name, declared=overrides.get(name)) for name in names]
+    stats.extend(ColumnStats(name=name, declared=overrides.get(name)) for name in names)
     marker_set = frozenset(missing)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     if not passthrough:
         writer.writerow(names)
+        yield _take(out).encode("utf-8")
     rows = 0
     for batch in reader.batches():
-        for col, cells in zip(stats, batch.columns, strict=True):
+        neg_zero = _NegZero(batch)
+        for index, col in enumerate(stats):
+            array = batch.array(index)
+            if array is not None and col.add_native(array, marker_set, neg_zero):
+                continue
             try:
-                col.add_batch(cells, marker_set)
+                col.add_batch(batch.column(index), marker_set)
             except CellError as exc:
                 raise IngestError(
                     f"line {batch.line_of(exc.index)}, column {col.name!r}: value is not "
@@ -255,13 +288,17 @@ def _canonical_payload(
                 ) from None
         rows += batch.n_rows
         if passthrough:
+            if batch.native and len(pending) == 1 and pending[0] is batch.text:
+                pending.clear()
+                yield batch.data  # the block's text, already encoded
+                continue
             chunk = "".join(pending)
             pending.clear()
+        elif batch.native and "," not in batch.text:
+            chunk = _rejoin(batch.text, delimiter)
         else:
             writer.writerows(batch.rows)
-            chunk = out.getvalue()
-            out.seek(0)
-            out.truncate()
+            chunk = _take(out)
         yield chunk.encode("utf-8")
     if pending:
         yield "".join(pending).encode("utf-8")
@@ -278,6 +315,45 @@ def _canonical_payload(
     outcome.profile = compute_profile(stats, rows)
     outcome.row_count = rows
     yield encode_trailer(json.dumps(meta, ensure_ascii=False).encode("utf-8"))
+
+
+class _NegZero:
+    """Whether a native batch's text may hold a ``-0`` cell (searched once, when first asked)."""
+
+    def __init__(self, batch) -> None:
+        self._batch = batch
+        self._found: bool | None = None
+
+    def __call__(self) -> bool:
+        if self._found is None:
+            self._found = arrowcsv.NEG_ZERO.search(self._batch.text) is not None
+        return self._found
+
+
+def _take(out: io.StringIO) -> str:
+    """The text written to ``out`` so far; ``out`` is emptied."""
+    text = out.getvalue()
+    out.seek(0)
+    out.truncate()
+    return text
+
+
+_BLANK_LINES = re.compile(r"\n\n+")
+
+
+def _rejoin(text: str, delimiter: str) -> str:
+    """What ``csv.writer`` (comma, ``\\n`` line ends) writes for the records of ``text``: whole
+    lines without any ``"`` or ``,``, every line of the header's width or blank (a native
+    batch). No field then needs quoting, so a record is its line with ``delimiter`` replaced;
+    blank lines are dropped and every record ends with ``\\n``."""
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if "\n\n" in text:
+        text = _BLANK_LINES.sub("\n", text)
+    text = text.removeprefix("\n")
+    if not text.endswith("\n"):
+        text += "\n"
+    return text.replace(delimiter, ",")
 
 
 def _check_override(schema_override: Mapping[str, str] | None) -> dict[str, str]:
@@ -314,6 +390,7 @@ def ingest_csv(
     delimiter: str | None = None,
     missing_values: Sequence[str] = DEFAULT_MISSING_VALUES,
     schema_override: Mapping[str, str] | None = None,
+    native: bool = True,
 ) -> IngestResult:
     """Validate, type, profile and encrypt the CSV at ``path`` into ``store`` as one version.
 
@@ -326,8 +403,9 @@ def ingest_csv(
     Stores the canonical payload (module doc) encrypted (``sandbox.crypto``, associated data
     from ``site``, ``dataset``, ``version``) under ``store_key_for(...)``. ``tmp_dir`` holds
     the ciphertext while it is written (default: the system temp dir); the temp file is
-    always removed. One pass over the file; memory is constant in the file size. Atomic: on
-    any failure nothing is stored.
+    always removed. ``native=False`` skips the Arrow fast path (module doc; same results).
+    One pass over the file; memory is constant in the file size. Atomic: on any failure
+    nothing is stored.
 
     Raises ``IngestError`` for a bad CSV — empty file, no data rows, bad header, ragged row,
     unclosed quote, undecodable bytes, a value that does not fit its override; the message
@@ -377,7 +455,12 @@ def ingest_csv(
                 io.BufferedReader(hashed, _READ_BLOCK), encoding=codec, errors="strict", newline=""
             )
             payload = _canonical_payload(
-                text, delimiter=delimiter, missing=missing, overrides=overrides, outcome=outcome
+                text,
+                delimiter=delimiter,
+                missing=missing,
+                overrides=overrides,
+                outcome=outcome,
+                native=native,
             )
             result = encrypt_stream(kek=kek, aad=aad, source=_BlockReader(payload), sink=sink)
             sink.flush()

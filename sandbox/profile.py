@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from sandbox import arrowcsv
 from sandbox.csvformat import (
     ACCEPTS,
     DEFAULT_MISSING_VALUES,
@@ -116,6 +117,134 @@ class ColumnStats:
                 self.categories = None  # the earlier values were not counted
             self._count_categories(present)
 
+    def native_shape(self, numeric_markers: bool) -> str:
+        """The ``sandbox.arrowcsv`` shape to ask for this column's next batch: ``"int"`` or
+        ``"float"`` while it is (or is declared) numeric — unless a missing-value marker is a
+        number (``numeric_markers``; module doc of ``arrowcsv``) — else ``"dict"``."""
+        hint = self.declared or self.type
+        if hint in NUMERIC_TYPES and not numeric_markers:
+            return hint
+        return "dict"
+
+    def add_native(self, cells, missing: frozenset[str], neg_zero: Callable[[], bool]) -> bool:
+        """Account a batch of cells held as a ``pyarrow`` array of a ``sandbox.arrowcsv``
+        shape, with exactly the outcome of ``add_batch`` on the same cells as strings;
+        ``missing`` are the stripped missing-value markers; ``neg_zero()`` tells whether the
+        block may hold a ``-0`` cell (an ``int`` array has lost its sign; that matters to the
+        mean only when every value is zero, and ``min``/``max`` may then hold ``0.0`` for
+        ``-0.0``: they are not part of the profile).
+
+        Returns ``False`` — having changed nothing but a cache of validated dates — when the
+        batch needs the Python rules (a value that does not fit ``declared``, a numeric column
+        turning to text, a number that is not finite, ``-0`` among zeros only); the caller
+        then calls ``add_batch`` with the cells as strings, which also raises the exact
+        ``CellError``.
+        """
+        target = self.declared
+        current = self.type
+        hint = target or current
+        shape = arrowcsv.shape_of(cells)
+        if shape != "dict":
+            values = arrowcsv.numbers(cells)
+            present = arrowcsv.valid(cells)
+            if present is not None:
+                values = values[present]
+            if not np.isfinite(values).all():
+                return False
+            if shape == "int" and len(values) and not values.any() and neg_zero():
+                return False  # all zeros, some maybe "-0": their sum's sign needs the text
+            # "float": the column is (declared) float already, so the batch's own kind
+            # (int or float) does not change its type.
+            kind = shape
+            if target is not None and kind not in ACCEPTS[target]:
+                return False
+            self.missing += len(cells) - len(values)
+            if len(values):
+                self.count += len(values)
+                self.type = target or widen(current, kind)
+                self._merge_numbers(values)
+            return True
+        raw_values, index = arrowcsv.dictionary(cells)
+        stripped = strip_all(raw_values)
+        counts = np.bincount(index, minlength=len(raw_values)).tolist()
+        n_missing = 0
+        if stripped is raw_values and missing.isdisjoint(raw_values):
+            # nothing to strip, no marker: the dictionary's values are distinct already
+            tally = dict(zip(raw_values, counts, strict=True))
+            if 0 in tally.values():
+                tally = {value: count for value, count in tally.items() if count}
+        else:
+            tally = {}
+            for value, count in zip(stripped, counts, strict=True):
+                if not count:
+                    continue
+                if value in missing:
+                    n_missing += count
+                else:
+                    tally[value] = tally.get(value, 0) + count
+        n_present = len(cells) - n_missing
+        if n_present == 0:
+            self.missing += n_missing
+            return True
+        if hint == "str":
+            self.missing += n_missing
+            self.count += n_present
+            self.type = "str"
+            self._count_categories(tally)
+            return True
+        distinct = set(tally)
+        if hint in (None, "int", "float"):
+            quick = numeric_kind(list(distinct))
+            floats = None
+            if quick is not None:
+                # float() of every distinct cell (a missing one as 0: it is left out below)
+                floats = _parse_floats([v if v in tally else "0" for v in stripped])
+            if floats is not None:
+                if target is not None and quick not in ACCEPTS[target]:
+                    return False
+                keep = np.array([v in tally for v in stripped], dtype=bool)[index]
+                self.missing += n_missing
+                self.count += n_present
+                self.type = target or widen(current, quick)
+                self._merge_numbers(floats[index][keep])
+                return True
+            if hint is not None:
+                return False
+        if hint in (None, "bool") and is_bool_batch(distinct):
+            kind = "bool"
+        elif hint in (None, "date") and self._all_dates(distinct):
+            kind = "date"
+        else:
+            kind = batch_kind(distinct) or "str"
+            if kind in NUMERIC_TYPES:
+                return False
+        if target is not None and kind not in ACCEPTS[target]:
+            return False
+        new = target or widen(current, kind)
+        self.missing += n_missing
+        self.count += n_present
+        self.type = new
+        if new == "date":
+            low, high = min(distinct), max(distinct)
+            self.first_date = low if self.first_date is None else min(self.first_date, low)
+            self.last_date = high if self.last_date is None else max(self.last_date, high)
+        else:  # bool or str
+            if current in ("int", "float", "date"):
+                self.categories = None  # the earlier values were not counted
+            self._count_categories(tally)
+        return True
+
+    def _all_dates(self, distinct: set[str]) -> bool:
+        """``is_date_batch`` with this column's cache of validated dates (as ``_batch_kind``)."""
+        valid_dates = self._valid_dates
+        unseen = distinct - valid_dates
+        if not is_date_batch(unseen):
+            return False
+        if len(valid_dates) + len(unseen) > MAX_TRACKED_DISTINCT:
+            valid_dates.clear()
+        valid_dates.update(unseen)
+        return True
+
     def _numbers_fast(self, cells: Sequence[str], missing: frozenset[str], target) -> bool:
         """Account a batch that is entirely numbers without stripping or set lookups: no missing
         marker may be something ``float()`` accepts, ``numeric_kind`` must pass and every cell
@@ -134,7 +263,8 @@ class ColumnStats:
         self._merge_numbers(numbers)
         return True
 
-    def _count_categories(self, present: Sequence[str]) -> None:
+    def _count_categories(self, present: Sequence[str] | Mapping[str, int]) -> None:
+        """Add ``present`` (values, or a mapping value → count) to the category counts."""
         categories = self.categories
         if categories is None:
             return

@@ -365,3 +365,38 @@ def test_rewrap_with_wrong_old_kek_or_aad_fails(kek, blob):
     other = associated_data(site="hospital-a", dataset="cohort", version=9)
     with pytest.raises(CryptoError):
         rewrap(old_kek=kek, new_kek=generate_key(), aad=other, header=blob[:HEADER_BYTES])
+
+
+# --- the tail of an object (decrypt_tail) -----------------------------------------------------
+
+
+@pytest.mark.parametrize("length", [0, 1, CHUNK - 1, CHUNK, 2 * CHUNK, int(3.5 * CHUNK)])
+@pytest.mark.parametrize("size", [0, 1, 10, CHUNK, CHUNK + 5, 1000])
+def test_decrypt_tail_is_the_end_of_the_plaintext(kek, length, size):
+    plaintext = bytes((7 * i) % 256 for i in range(length))
+    blob = _encrypt(kek, plaintext)
+
+    tail, total = crypto.decrypt_tail(kek=kek, aad=AAD, source=io.BytesIO(blob), size=size)
+
+    assert total == length
+    assert tail == plaintext[len(plaintext) - min(size, length) :]
+
+
+def _assert_tail_rejected(kek: bytes, blob: bytes, aad: bytes = AAD) -> None:
+    with pytest.raises(CryptoError):
+        crypto.decrypt_tail(kek=kek, aad=aad, source=io.BytesIO(blob), size=3 * CHUNK)
+
+
+def test_decrypt_tail_refuses_what_decrypt_stream_refuses(kek, blob):
+    c = _chunks(blob)
+    _assert_tail_rejected(kek, _flip(blob, len(blob) - 1))  # last chunk's tag
+    _assert_tail_rejected(kek, _flip(blob, HEADER_BYTES + 2 * (CHUNK + TAG_BYTES)))  # 3rd chunk
+    _assert_tail_rejected(kek, blob[:HEADER_BYTES] + c[0] + c[1] + c[2])  # dropped last chunk
+    _assert_tail_rejected(kek, blob[:HEADER_BYTES] + c[0] + c[2] + c[1] + c[3])  # reordered
+    _assert_tail_rejected(kek, blob[:-1])
+    _assert_tail_rejected(kek, blob + b"\x00")
+    _assert_tail_rejected(kek, blob[: HEADER_BYTES + 3])
+    _assert_tail_rejected(generate_key(), blob)
+    _assert_tail_rejected(
+        kek, blob, associated_data(site="hospital-a", dataset="cohort", version=4)
+    )

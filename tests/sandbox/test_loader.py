@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sandbox.crypto import generate_key
+from sandbox.crypto import associated_data, encrypt_stream, generate_key
 from sandbox.csvformat import encode_trailer
 from sandbox.ingest import ingest_csv
 from sandbox.loader import (
@@ -21,6 +22,7 @@ from sandbox.loader import (
     parse_payload,
     parse_table,
     train_test_split,
+    training_columns,
 )
 from sandbox.storage import FilesystemStore
 
@@ -247,3 +249,197 @@ def test_parse_payload_uses_the_stored_types_and_markers():
     assert table.types == {"zip": "str", "n": "float"}
     assert table.data["zip"].tolist() == ["01234", None, None]
     assert np.isnan(table.data["n"][1]) and table.data["n"][2] == 2.5
+
+
+# --- streaming load: column selection, stores that cannot seek, the trailer -----------------
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype == np.float64:
+        return bool(np.array_equal(a, b, equal_nan=True))
+    return a.tolist() == b.tolist()
+
+
+def test_load_table_columns_keeps_file_order_and_loads_only_those(stored, kek):
+    store, result = stored
+
+    table = load_table(
+        store=store, kek=kek, store_key=result.store_key, columns=["outcome", "age"], **IDS
+    )
+
+    assert table.columns == ["age", "outcome"]
+    assert set(table.data) == {"age", "outcome"}
+    assert table.data["age"][:2].tolist() == [30.0, 31.0]
+    assert table.data["outcome"][:2].tolist() == ["sick", "well"]
+
+
+def test_training_columns_default_to_numeric_features_and_drop_unknown_names(stored, kek):
+    store, result = stored
+    key = result.store_key
+
+    default = load_table(
+        store=store, kek=kek, store_key=key, columns=training_columns("outcome"), **IDS
+    )
+    explicit = load_table(
+        store=store,
+        kek=kek,
+        store_key=key,
+        columns=training_columns("outcome", ["bmi", "nope"]),
+        **IDS,
+    )
+
+    assert default.columns == ["id", "age", "bmi", "outcome"]
+    assert explicit.columns == ["bmi", "outcome"]
+
+
+def test_load_table_refuses_an_unknown_column(stored, kek):
+    store, result = stored
+    with pytest.raises(LoaderError, match=r"no column\(s\) \['nope'\]"):
+        load_table(store=store, kek=kek, store_key=result.store_key, columns=["nope"], **IDS)
+
+
+class _NoSeekStore:
+    """A store whose streams cannot seek (like the S3 store's)."""
+
+    def __init__(self, inner: FilesystemStore) -> None:
+        self.inner = inner
+
+    def open(self, key: str):
+        data = self.inner.get_bytes(key)
+
+        class Stream(io.RawIOBase):
+            def __init__(self):
+                self.buffer = io.BytesIO(data)
+
+            def readable(self):
+                return True
+
+            def readinto(self, b):
+                return self.buffer.readinto(b)
+
+        return Stream()
+
+
+def test_load_table_from_a_store_that_cannot_seek(stored, kek, monkeypatch):
+    store, result = stored
+    monkeypatch.setattr("sandbox.loader.NATIVE_MIN_BYTES", 0)
+
+    plain = load_table(store=store, kek=kek, store_key=result.store_key, **IDS)
+    streamed = load_table(store=_NoSeekStore(store), kek=kek, store_key=result.store_key, **IDS)
+
+    assert streamed.columns == plain.columns
+    assert all(_same(streamed.data[c], plain.data[c]) for c in plain.columns)
+
+
+@pytest.mark.parametrize("case", ["rows-comma", "na-declared", "numeric-markers", "tricky-numbers"])
+def test_native_load_equals_the_python_rules(tmp_path, kek, monkeypatch, case):
+    from tests.sandbox.test_arrowcsv import CASES
+
+    data, kw = CASES[case]
+    src = tmp_path / "in.csv"
+    src.write_bytes(data * 40)  # several native blocks
+    store = FilesystemStore(tmp_path / "store")
+    result = ingest_csv(src, store=store, kek=kek, tmp_dir=tmp_path, **IDS, **kw)
+    monkeypatch.setattr("sandbox.loader._NATIVE_BLOCK", 4096)
+    monkeypatch.setattr("sandbox.loader.NATIVE_MIN_BYTES", 0)
+
+    native = load_table(store=store, kek=kek, store_key=result.store_key, **IDS)
+    monkeypatch.setattr("sandbox.arrowcsv.AVAILABLE", False)
+    python = load_table(store=store, kek=kek, store_key=result.store_key, **IDS)
+
+    assert native.columns == python.columns and native.types == python.types
+    assert all(_same(native.data[c], python.data[c]) for c in native.columns)
+
+
+def _store_payload(tmp_path, kek, payload: bytes, chunk_size: int) -> FilesystemStore:
+    store = FilesystemStore(tmp_path / "store")
+    enc = tmp_path / "obj.enc"
+    with open(enc, "wb") as sink:
+        encrypt_stream(
+            kek=kek,
+            aad=associated_data(**IDS),
+            source=io.BytesIO(payload),
+            sink=sink,
+            chunk_size=chunk_size,
+        )
+    store.put_file("hospital-a/cohort/v2.csv.enc", enc)
+    return store
+
+
+def _meta(rows: int, markers: list[str]) -> bytes:
+    meta = {
+        "format": "frp-csv/1",
+        "columns": [{"name": "a", "type": "int"}, {"name": "b", "type": "str"}],
+        "missing_values": markers,
+        "rows": rows,
+    }
+    return json.dumps(meta).encode()
+
+
+def test_a_trailer_longer_than_the_first_guess_across_small_chunks(tmp_path, kek):
+    long_marker = "m" * 70_000  # the trailer is read in a second, longer tail
+    payload = b"a,b\n1,x\n2,\n" + encode_trailer(_meta(2, ["", long_marker]))
+    store = _store_payload(tmp_path, kek, payload, chunk_size=1000)
+
+    table = load_table(store=store, kek=kek, store_key="hospital-a/cohort/v2.csv.enc", **IDS)
+
+    assert table.data["a"].tolist() == [1.0, 2.0]
+    assert table.data["b"].tolist() == ["x", None]
+
+
+def test_a_row_count_that_differs_from_the_trailer_is_refused(tmp_path, kek):
+    payload = b"a,b\n1,x\n2,y\n3,z\n" + encode_trailer(_meta(2, [""]))
+    store = _store_payload(tmp_path, kek, payload, chunk_size=64)
+    with pytest.raises(LoaderError, match="3 rows parsed but 2 recorded"):
+        load_table(store=store, kek=kek, store_key="hospital-a/cohort/v2.csv.enc", **IDS)
+
+
+def test_a_small_dataset_loads_without_importing_pyarrow(stored, kek):
+    store, result = stored
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from sandbox.loader import load_table\n"
+        "from sandbox.storage import FilesystemStore\n"
+        f"t = load_table(store=FilesystemStore(Path({str(store.root)!r})), kek={kek!r}, "
+        f"store_key={result.store_key!r}, **{IDS!r})\n"
+        "print(t.n_rows, 'pyarrow' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.split() == ["30", "False"]
+
+
+@pytest.mark.integration
+def test_load_table_streams_from_a_real_s3_store(seaweed_s3, tmp_path, kek, monkeypatch):
+    # The S3 store's stream cannot seek: the trailer comes from a first decryption pass.
+    monkeypatch.setattr("sandbox.loader.NATIVE_MIN_BYTES", 0)
+    monkeypatch.setattr("sandbox.loader._NATIVE_BLOCK", 256)
+    src = tmp_path / "cohort.csv"
+    src.write_text(_csv() * 1 + "".join(_csv().splitlines(True)[1:]) * 20)
+    s3 = seaweed_s3.store()
+    local = FilesystemStore(tmp_path / "store")
+    ids = {**IDS, "dataset": "s3-stream"}
+    result = ingest_csv(src, store=s3, kek=kek, tmp_dir=tmp_path, **ids)
+    local.put_file(result.store_key, _download(s3, result.store_key, tmp_path))
+
+    from_disk = load_table(store=local, kek=kek, store_key=result.store_key, **ids)
+    monkeypatch.setattr("sandbox.loader.decrypt_tail", _no_seek)
+    from_s3 = load_table(store=s3, kek=kek, store_key=result.store_key, **ids)
+
+    assert from_s3.n_rows == 21 * 30
+    assert from_s3.columns == from_disk.columns
+    assert all(_same(from_s3.data[c], from_disk.data[c]) for c in from_s3.columns)
+
+
+def _no_seek(**_kw):
+    raise AssertionError("the S3 stream was treated as seekable")
+
+
+def _download(store, key: str, tmp_path: Path) -> Path:
+    path = tmp_path / "object.enc"
+    path.write_bytes(store.get_bytes(key))
+    return path

@@ -108,6 +108,7 @@ def load_site_data(
             site=site,
             dataset=pointer.dataset,
             version=pointer.version,
+            columns=loader.training_columns(spec.target, spec.features),
         )
         features = spec.features or [
             c for c in table.columns if c != spec.target and table.data[c].dtype.kind in "fiu"
@@ -115,7 +116,7 @@ def load_site_data(
         missing = [c for c in [spec.target, *features] if c not in table.data]
         if missing:
             raise SiteDataError(f"site {site!r}: dataset has no column(s) {missing}")
-        X = np.column_stack([table.data[c].astype(np.float64) for c in features])
+        X = np.column_stack([table.data[c].astype(np.float64, copy=False) for c in features])
         y = np.asarray(table.data[spec.target])
     except SiteDataError:
         raise
