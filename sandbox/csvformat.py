@@ -138,17 +138,40 @@ def decode_sample(sample: bytes, encoding: str) -> str:
     return text[: cut + 1] if cut >= 0 else text
 
 
+def _consistent_width(sample_text: str, delimiter: str) -> int:
+    """Columns per row when every complete row of the sample parses (quotes, embedded newlines)
+    with ``delimiter`` into the header's width and that width is at least 2; else 0."""
+    try:
+        rows = [r for r in csv.reader(io.StringIO(sample_text), delimiter=delimiter) if r]
+    except csv.Error:
+        return 0
+    if sample_text and sample_text[-1] not in "\r\n" and len(rows) > 1:
+        rows.pop()  # the sample may end inside its last row
+    width = len(rows[0]) if rows else 0
+    return width if width >= 2 and all(len(r) == width for r in rows) else 0
+
+
 def detect_delimiter(sample_text: str) -> tuple[str, str]:
-    """``(delimiter, source)`` for the decoded sample: ``csv.Sniffer`` restricted to ``DELIMITERS``
-    (``source="detected"``), else ``(",", "fallback")`` when the sniffer cannot decide (e.g. a
-    single-column file)."""
-    if sample_text:
-        try:
-            found = csv.Sniffer().sniff(sample_text, delimiters="".join(DELIMITERS)).delimiter
-        except csv.Error:
-            found = None
-        if found in DELIMITERS:
-            return found, "detected"
+    """``(delimiter, source)`` for the decoded sample.
+
+    Each of ``DELIMITERS`` is tried with the CSV reader (so quoted fields holding a delimiter or a
+    newline count right); the one that splits every complete row into the header's width, with
+    the most columns (ties: the order of ``DELIMITERS``), wins (``source="detected"``). When no
+    delimiter is consistent, ``csv.Sniffer`` restricted to ``DELIMITERS`` decides; else
+    ``(",", "fallback")`` (e.g. a single-column file).
+    """
+    if not sample_text:
+        return DEFAULT_DELIMITER, "fallback"
+    widths = {d: _consistent_width(sample_text, d) for d in DELIMITERS}
+    best = max(DELIMITERS, key=lambda d: (widths[d], -DELIMITERS.index(d)))
+    if widths[best]:
+        return best, "detected"
+    try:
+        found = csv.Sniffer().sniff(sample_text, delimiters="".join(DELIMITERS)).delimiter
+    except csv.Error:
+        found = None
+    if found in DELIMITERS:
+        return found, "detected"
     return DEFAULT_DELIMITER, "fallback"
 
 

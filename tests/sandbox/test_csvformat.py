@@ -181,6 +181,25 @@ def test_invalid_delimiter_is_refused(tmp_path, store, kek):
         _ingest(tmp_path, store, kek, b"a|b\n1|2\n", delimiter="|")
 
 
+@pytest.mark.parametrize(
+    ("sample", "expected"),
+    [
+        # Excel's semicolon export: a quoted field holding ';' and a newline, at a CRLF line end
+        # (csv.Sniffer alone answers "could not determine delimiter" here).
+        ('id;country;score;note\r\n1;NA;3.5;"caf\xe9; open\nlate"\r\n2;FR;NA;plain\r\n', ";"),
+        ('name,note\n"x; y",1\n"p;q",2\n', ","),  # the semicolons are inside quotes
+        ('a\tb\tc\n"1,5"\t2\t3\n', "\t"),
+        ("a;b;c\n1;2;3\n4;5", ";"),  # a sample cut inside its last row
+    ],
+)
+def test_detect_delimiter_reads_quoted_fields(sample, expected):
+    assert detect_delimiter(sample) == (expected, "detected")
+
+
+def test_detect_delimiter_falls_back_to_comma_for_one_column():
+    assert detect_delimiter("single\n1\n2\n") == (",", "fallback")
+
+
 def test_detect_delimiter_and_resolve_encoding_units():
     assert detect_delimiter("a;b;c\n1;2;3\n4;5;6\n") == (";", "detected")
     assert detect_delimiter("a\tb\n1\t2\n") == ("\t", "detected")

@@ -28,8 +28,8 @@ pytestmark = pytest.mark.django_db
 GOOD_CP1252 = (
     "id;country;score;note\r\n1;NA;3.5;caf\xe9\r\n2;FR;NA;plain\r\n3;DE;4.25;\r\n"
 ).encode("cp1252")
-# The same with a quoted field holding the delimiter and a newline. ``csv.Sniffer`` cannot detect
-# the delimiter of such a file (it falls back to a comma), so the tests declare it.
+# The same with a quoted field holding the delimiter and a newline (tests below declare the
+# delimiter; detection of this case is tested in test_csvformat.py).
 QUOTED_CP1252 = GOOD_CP1252.replace(b"caf\xe9", b'"caf\xe9; open\nlate"')
 
 
