@@ -130,7 +130,7 @@ def contribution_score_job(*, job: FederatedJob) -> list[ContributionScore]:
             unknown = [p for p in players if p not in sites]
             if unknown:
                 raise ContributionError(f"contribution names sites outside the job: {unknown}")
-        scores = []
+        scores, created_any = [], False
         for method, rnd, players, raw, evaluations in results:
             shares = normalise(raw)
             for slug, value, share in zip(players, raw, shares, strict=True):
@@ -146,6 +146,7 @@ def contribution_score_job(*, job: FederatedJob) -> list[ContributionScore]:
                     },
                 )
                 if created:
+                    created_any = True
                     ledger_append(
                         kind="contribution",
                         record={
@@ -159,7 +160,7 @@ def contribution_score_job(*, job: FederatedJob) -> list[ContributionScore]:
                         },
                     )
                 scores.append(score)
-        if scores:
+        if created_any:  # a second call writes nothing, not even an audit event
             audit_record(
                 by=None,
                 action="contribution.score",
