@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from django import forms
 from django.utils import timezone
 
@@ -29,7 +27,7 @@ class DecisionForm(forms.Form):
     expires_on = forms.DateField(
         required=False,
         widget=forms.DateInput(attrs={"type": "date"}),
-        help_text="Approvals end at midnight UTC of this day.",
+        help_text="The grant is valid through this day (until 23:59:59 UTC).",
     )
     reason = forms.CharField(required=False, max_length=2000, help_text="Required to refuse.")
 
@@ -52,7 +50,7 @@ class DecisionForm(forms.Form):
             return None
         from datetime import UTC, datetime, time
 
-        return datetime.combine(day, time.min, tzinfo=UTC) + timedelta(days=1)
+        return datetime.combine(day, time.max, tzinfo=UTC)  # shown as that day, valid through it
 
 
 ENCODINGS = [

@@ -147,7 +147,8 @@ def test_approval_flow_through_the_web_pages(client, world):
     client.post(decide, {"decision": "approve", "expires_on": tomorrow})
     req.refresh_from_db()
     assert req.status == AccessStatus.APPROVED
-    assert req.expires_at.date().isoformat() > tomorrow  # midnight UTC after the chosen day
+    assert req.expires_at.date().isoformat() == tomorrow  # valid through the chosen day (UTC)
+    assert (req.expires_at.hour, req.expires_at.minute) == (23, 59)
 
     # The researcher's job form now offers the dataset.
     client.force_login(world["researcher"])
