@@ -74,11 +74,14 @@ def _validate_columns(versions, target: str, features: list[str]) -> list[str]:
     ]
     if lacking:
         shared = [c for c in types[0] if all(c in t for t in types)]
-        errors["target_column"] = [
-            f"No column {target!r} in {', '.join(lacking)}. Columns every chosen dataset has: "
+        common = (
+            "The chosen datasets share no column: pick datasets with the same schema."
+            if not shared
+            else "Columns every chosen dataset has: "
             + ", ".join(shared[:12])
             + (f" and {len(shared) - 12} more." if len(shared) > 12 else ".")
-        ]
+        )
+        errors["target_column"] = [f"No column {target!r} in {', '.join(lacking)}. {common}"]
     if not features:
         numeric = [
             {n for n, t in s.items() if t in ("int", "float") and n != target} for s in types
@@ -539,10 +542,14 @@ def _job_finish(*, job_id: int, run: superlink.RunStatus) -> FederatedJob:
     else:
         job.status_detail = f"Flower run {run.run_id} {run.sub_status}"
     job.save(update_fields=["status", "status_detail", "finished_at", "final_metrics"])
-    site_status = JobSiteStatus.COMPLETED if status == JobStatus.COMPLETED else JobSiteStatus.FAILED
-    job.sites.exclude(status__in=[JobSiteStatus.DROPPED, JobSiteStatus.FAILED]).update(
-        status=site_status
-    )
+    still_in = job.sites.exclude(status__in=[JobSiteStatus.DROPPED, JobSiteStatus.FAILED])
+    if status == JobStatus.COMPLETED:
+        still_in.update(status=JobSiteStatus.COMPLETED)
+    else:  # the site did nothing wrong: say why it stopped
+        still_in.update(
+            status=JobSiteStatus.FAILED,
+            last_error=f"the job {status}: {job.status_detail}"[:2000],
+        )
     audit_record(by=None, action=f"job.{status}", target=job, institution=job.project.institution)
     from accounting.tasks import job_account_task  # accounting builds on federation, not back
 

@@ -263,7 +263,10 @@ def _canonical_payload(
     names = reader.header
     unknown = [name for name in overrides if name not in names]
     if unknown:
-        raise IngestError(f"schema_override names column(s) not in the header: {unknown}")
+        raise IngestError(
+            f"type override for column(s) not in the header: {', '.join(unknown)} "
+            f"(the header has: {', '.join(names[:20])}{' …' if len(names) > 20 else ''})"
+        )
     stats.extend(ColumnStats(name=name, declared=overrides.get(name)) for name in names)
     marker_set = frozenset(missing)
     out = io.StringIO()

@@ -46,6 +46,8 @@ def statement(request, pk: int):
             "job": job,
             "credit": view,
             "can_edit": can(request.user, "credit.edit", job),
+            # Admins of a data-providing institution see the credit, not the project's job page.
+            "can_view_job": can(request.user, "job.view", job),
             "standard": credit.STANDARD,
         },
     )

@@ -490,8 +490,17 @@ def run_job(grid: Grid, context: Context, reporter: Reporter) -> None:
         )
         # Drop sites that failed this round, and any the portal asks to drop (revoked grants).
         failed = {s for s, e in sites_out.items() if e.get("ok") is False}
-        for site in failed | set(answer.get("drop_sites", [])):
+        revoked = set(answer.get("drop_sites", [])) & set(active)
+        for site in failed | revoked:
             active.pop(site, None)
+        if rnd < num_rounds and len(active) < spec.min_sites:
+            why = [f"{s}: grant revoked" for s in sorted(revoked)] + [
+                f"{s}: {sites_out[s].get('error', 'failed')}" for s in sorted(failed)
+            ]
+            raise JobFailed(
+                f"after round {rnd}, {len(active)} site(s) remain, fewer than the job's minimum "
+                f"of {spec.min_sites} ({'; '.join(why)})"
+            )
 
     reporter.post(
         "finished",
