@@ -64,3 +64,11 @@ def job_progress(*, job: FederatedJob) -> dict:
             "train_loss": [r.train_loss for r in rounds],
         },
     }
+
+
+def release_waiting_sites(*, job: FederatedJob, release) -> list:
+    """Sites of ``job`` whose steward has not yet decided on ``release`` (``[]`` without one)."""
+    if release is None:
+        return []
+    decided = set(release.decisions.values_list("site_id", flat=True))
+    return [js.site for js in job.sites.select_related("site") if js.site_id not in decided]

@@ -76,10 +76,12 @@ def _job_or_404(request, pk: int) -> FederatedJob:
 def job_detail(request, pk: int):
     """The job page; the progress panel below refreshes itself (HTMX) while the job is active."""
     job = _job_or_404(request, pk)
+    release = getattr(job, "release", None)
     context = {
         "job": job,
         "can_stop": can(request.user, "job.stop", job),
-        "release": getattr(job, "release", None),
+        "release": release,
+        "release_waiting": selectors.release_waiting_sites(job=job, release=release),
     }
     context.update(selectors.job_progress(job=job))
     return render(request, "federation/job_detail.html", context)

@@ -132,3 +132,17 @@ def test_steward_queue_lists_pending_release_for_their_site(client, world):
     page = client.get(reverse("sandbox:steward_queue")).content.decode()
     assert "Model releases awaiting your decision" in page and _sites(world)[0].name in page
     assert _sites(world)[1].name not in page
+
+
+def test_job_page_names_the_sites_still_to_decide(client, world):
+    client.force_login(world["researcher"])
+    client.post(reverse("federation:job_release_request", args=[world["job"].pk]))
+    first, second = _sites(world)
+    services.release_decide(
+        by=world["stewards"][0], release_id=world["job"].release.pk, site=first, approve=True
+    )
+
+    page = client.get(reverse("federation:job_detail", args=[world["job"].pk])).content.decode()
+
+    assert f"{second.name} — waiting for its data steward" in page
+    assert f"{first.name} — waiting" not in page
