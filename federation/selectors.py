@@ -2,16 +2,33 @@
 
 from __future__ import annotations
 
-from django.db.models import Count, Prefetch
+from django.db.models import Count, Prefetch, Q
 
 from federation.models import FederatedJob, JobSite, RoundMetric, SiteRoundMetric
+from portal.models import Membership, Role
 from portal.selectors import projects_for_user
 
 
+def _visible_jobs(user):
+    """Jobs ``user`` may view (``portal.permissions`` ``job.view``), as one query."""
+    if user.is_staff:
+        return FederatedJob.objects.all()
+    roles = Membership.objects.filter(user=user)
+    part_of = roles.filter(role__in=[Role.DATA_STEWARD, Role.INSTITUTION_ADMIN])
+    admin_of = roles.filter(role=Role.INSTITUTION_ADMIN)
+    return FederatedJob.objects.filter(
+        Q(project__in=projects_for_user(user=user))
+        | Q(sites__site__institution__in=part_of.values("institution"))
+        | Q(project__institution__in=admin_of.values("institution"))
+    ).distinct()
+
+
 def jobs_for_user(*, user):
-    """Jobs of the user's projects, newest first, with project, submitter and round count."""
+    """Jobs the user may view, newest first, with project, submitter and round count: those of
+    the user's projects, and those at the sites (or of projects) of institutions where the user
+    is a data steward or admin."""
     return (
-        FederatedJob.objects.filter(project__in=projects_for_user(user=user))
+        _visible_jobs(user)
         .select_related("project", "submitted_by")
         .annotate(
             n_rounds=Count("round_metrics", distinct=True), n_sites=Count("sites", distinct=True)
@@ -21,9 +38,9 @@ def jobs_for_user(*, user):
 
 
 def job_detail(*, user, pk: int) -> FederatedJob:
-    """One job of the user's projects with sites and their datasets; ``DoesNotExist`` otherwise."""
+    """One job the user may view, with sites and their datasets; ``DoesNotExist`` otherwise."""
     return (
-        FederatedJob.objects.filter(project__in=projects_for_user(user=user))
+        _visible_jobs(user)
         .select_related("project", "submitted_by")
         .prefetch_related(
             Prefetch(

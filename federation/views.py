@@ -80,6 +80,7 @@ def job_detail(request, pk: int):
     context = {
         "job": job,
         "can_stop": can(request.user, "job.stop", job),
+        "is_member": can(request.user, "project.view", job.project),
         "release": release,
         "release_waiting": selectors.release_waiting_sites(job=job, release=release),
     }
@@ -181,6 +182,8 @@ def job_model_download(request, pk: int):
     """The final model (JSON: classes, features, weights) once the airlock has released it."""
     job = _job_or_404(request, pk)
     release = getattr(job, "release", None)
+    if not can(request.user, "project.view", job.project):  # released to the project only
+        raise Http404("The model is released to the job's project")
     if release is None or release.status != ReleaseStatus.APPROVED:
         raise Http404("The model has not been released")
     body = {

@@ -7,6 +7,8 @@ not reveal that they exist.
 
 from __future__ import annotations
 
+from django.db.models import Q
+
 from portal.models import Membership, ProjectMember, ProjectRole, Role
 
 
@@ -47,8 +49,10 @@ def can(user, action: str, obj=None) -> bool:
     """True when ``user`` may do ``action`` on ``obj``.
 
     Actions: ``project.create`` (obj: None; researchers), ``project.view``, ``project.invite``
-    (PI only), ``job.submit`` (obj: Project), ``job.view``, ``job.stop``
-    (obj: FederatedJob), ``institution.admin`` (obj: Institution; platform admins too),
+    (PI only), ``job.submit`` (obj: Project), ``job.view`` (obj: FederatedJob; the project's
+    members, platform admins, the data stewards and admins of an institution whose site takes
+    part, and the admins of the project's institution), ``job.stop`` (obj: FederatedJob;
+    submitter or PI), ``institution.admin`` (obj: Institution; platform admins too),
     ``dataset.register`` (obj: Site), ``access.decide`` (obj: Dataset or Site),
     ``price.manage`` (obj: ComputePool), ``invoice.view`` (obj: Invoice or Institution):
     the institution's admins (and platform admins); ``job.view_cost`` and ``credit.view``
@@ -68,8 +72,18 @@ def can(user, action: str, obj=None) -> bool:
         return _project_role(user, obj) == ProjectRole.PRINCIPAL_INVESTIGATOR
     if action == "project.create":
         return Membership.objects.filter(user=user, role=Role.RESEARCHER).exists()
-    if action == "job.view":
-        return _project_role(user, obj.project) is not None
+    if action == "job.view":  # the project, and those whose institution took part or leads it
+        if user.is_staff or _project_role(user, obj.project) is not None:
+            return True
+        sites = set(obj.sites.values_list("site__institution_id", flat=True))
+        return (
+            Membership.objects.filter(user=user)
+            .filter(
+                Q(institution_id__in=sites, role__in=[Role.DATA_STEWARD, Role.INSTITUTION_ADMIN])
+                | Q(institution_id=obj.project.institution_id, role=Role.INSTITUTION_ADMIN)
+            )
+            .exists()
+        )
     if action == "job.stop":
         role = _project_role(user, obj.project)
         if role is None:  # a submitter who has left the project no longer stops its jobs

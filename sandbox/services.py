@@ -609,8 +609,8 @@ def release_request(*, by, job):
     from portal.permissions import can
     from sandbox.models import ModelRelease, ReleaseDecision
 
-    if not can(by, "job.view", job):
-        raise ReleaseError("you are not a member of this job's project")
+    if not can(by, "project.view", job.project):
+        raise ReleaseError("only members of this job's project may ask for its model")
     if job.status != JobStatus.COMPLETED or not job.final_metrics.get("model"):
         raise ReleaseError("only a completed job with a final model can be released")
     release, created = ModelRelease.objects.get_or_create(job=job, defaults={"requested_by": by})

@@ -68,6 +68,22 @@ PROJECT_MEMBERS = {
 }
 PROJECT_PI = {"A": "researcher@A", "B": "researcher@B"}
 JOB_PROJECT = {"A-job": "A", "A-job-by-B": "A", "B-job": "B"}
+JOB_SITE_INSTITUTIONS = {"A-job": {"A", "B"}, "A-job-by-B": {"A", "B"}, "B-job": {"B"}}
+PROJECT_INSTITUTION = {"A": "A", "B": "B"}
+
+
+def job_viewers(j: str) -> frozenset[str]:
+    """``job.view``: the project's members, the platform admin, the data stewards and admins of
+    the institutions whose sites take part, and the admins of the project's institution."""
+    p = JOB_PROJECT[j]
+    return (
+        PROJECT_MEMBERS[p]
+        | {PLATFORM_ADMIN, f"institution-admin@{PROJECT_INSTITUTION[p]}"}
+        | {f"data-steward@{i}" for i in JOB_SITE_INSTITUTIONS[j]}
+        | {f"institution-admin@{i}" for i in JOB_SITE_INSTITUTIONS[j]}
+    )
+
+
 JOB_STOPPERS = {  # the submitter and the project's PI
     "A-job": frozenset({"researcher@A"}),
     "A-job-by-B": frozenset({"researcher@A", "researcher@B"}),
@@ -97,8 +113,12 @@ def project_titles(actor: str, *, invited: bool = False) -> frozenset[str]:
     return frozenset(PROJECT_TITLES[p] for p in projects)
 
 
+def job_project_titles(actor: str) -> frozenset[str]:
+    return frozenset(PROJECT_TITLES[JOB_PROJECT[j]] for j in JOB_TITLES if actor in job_viewers(j))
+
+
 def job_titles(actor: str) -> frozenset[str]:
-    return frozenset(t for j, t in JOB_TITLES.items() if JOB_PROJECT[j] in projects_of(actor))
+    return frozenset(t for j, t in JOB_TITLES.items() if actor in job_viewers(j))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,12 +365,13 @@ def _sandbox_endpoints() -> list[Endpoint]:
             effect=lambda w: ModelRelease.objects.get(pk=w.release.pk).status,
             result=ReleaseStatus.REFUSED,
         ),
-        # A-job is queued: its members may ask, and are told it is not finished; nobody downloads.
+        # A-job is queued: those who see it may ask, and are told it is not finished (or, outside
+        # the project, that only its members may ask); nobody downloads.
         _post(
             "/jobs/<A-job>/release/",
             _job_url("A-job", "release/"),
             frozenset(),
-            refused_actors=PROJECT_MEMBERS["A"],
+            refused_actors=job_viewers("A-job"),
             refused=redirect(_to(_job_url("A-job")), changes=False),
             effect=lambda w: ModelRelease.objects.filter(job=w.jobs["A-job"]).count(),
         ),
@@ -400,23 +421,22 @@ def _project_endpoints(p: str) -> list[Endpoint]:
 
 
 def _job_endpoints(j: str) -> list[Endpoint]:
-    p = JOB_PROJECT[j]
-    members, stoppers = PROJECT_MEMBERS[p], JOB_STOPPERS[j]
+    viewers, stoppers = job_viewers(j), JOB_STOPPERS[j]
     detail = _job_url(j)
     return [
-        _get(f"/jobs/<{j}>/", detail, members),
-        _get(f"/jobs/<{j}>/progress/", _job_url(j, "progress/"), members),
+        _get(f"/jobs/<{j}>/", detail, viewers),
+        _get(f"/jobs/<{j}>/progress/", _job_url(j, "progress/"), viewers),
         _get(
             f"/jobs/<{j}>/progress.json",
             lambda w: f"/jobs/{w.jobs[j].pk}/progress.json",
-            members,
+            viewers,
         ),
         _post(
             f"/jobs/<{j}>/stop/",
             _job_url(j, "stop/"),
             stoppers,
             allowed=redirect(_to(detail), changes=True),
-            refused_actors=members - stoppers,
+            refused_actors=viewers - stoppers,
             refused=redirect(_to(detail), changes=False),
             data=lambda w, a: {},
             effect=_job_status(j),
@@ -474,7 +494,8 @@ ENDPOINTS: list[Endpoint] = [
         lambda w: "/",
         SIGNED_IN,
         listed=ALL_PROJECT_TITLES | ALL_JOB_TITLES,
-        shows=lambda a: project_titles(a, invited=True) | job_titles(a),
+        # A job row names its project, so a steward or admin who sees a job sees its project's title.
+        shows=lambda a: project_titles(a, invited=True) | job_titles(a) | job_project_titles(a),
     ),
     _get(
         "/projects/",

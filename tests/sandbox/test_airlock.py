@@ -146,3 +146,19 @@ def test_job_page_names_the_sites_still_to_decide(client, world):
 
     assert f"{second.name} — waiting for its data steward" in page
     assert f"{first.name} — waiting" not in page
+
+
+def test_steward_sees_the_job_but_the_model_is_released_to_the_project_only(client, world):
+    services.release_request(by=world["researcher"], job=world["job"])
+    release = world["job"].release
+    for steward, site in zip(world["stewards"], _sites(world), strict=True):
+        services.release_decide(by=steward, release_id=release.pk, site=site, approve=True)
+    client.force_login(world["stewards"][0])
+
+    page = client.get(reverse("federation:job_detail", args=[world["job"].pk]))
+    download = client.get(reverse("federation:job_model_download", args=[world["job"].pk]))
+
+    assert page.status_code == 200 and "Download model" not in page.content.decode()
+    assert download.status_code == 404
+    with pytest.raises(services.ReleaseError, match="only members of this job's project"):
+        services.release_request(by=world["stewards"][0], job=world["job"])
