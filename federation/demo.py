@@ -153,7 +153,7 @@ def demo_seed(*, canary: str | None = None) -> Project:
                 gpu_weight=Decimal("0"),
                 price_per_unit=DEMO_PRICE_PER_UNIT[n],
                 currency=settings.FRP_BILLING_CURRENCY,
-                data_credit_rate=Decimal("0.10"),
+                data_credit_rate=Decimal("0.50"),
             )
             sites[spec.site] = Site.objects.create(
                 institution=inst, pool=pool, slug=spec.site, name=spec.site_name

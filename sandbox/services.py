@@ -531,19 +531,20 @@ def _access_close(request: AccessRequest, *, by, status: str, reason: str) -> Ac
 
 @transaction.atomic
 def access_grant_revoke(*, by, request_id: int, reason: str) -> AccessRequest:
-    """Revoke an approved grant: future jobs cannot use it and running jobs drop the site next round."""
+    """Revoke an approved grant: future jobs cannot use it and running jobs drop the site next round.
+
+    Raises ``AccessError`` when ``reason`` is blank (the researchers are told why, as for a
+    refusal), the request is not approved, or ``by`` is not the dataset's data steward.
+    """
     request = (
         AccessRequest.objects.select_for_update().select_related("dataset__site").get(pk=request_id)
     )
     _check_steward(by, request)
     if request.status != AccessStatus.APPROVED:
         raise AccessError(f"request is {request.status}, not approved")
-    return _access_close(
-        request,
-        by=by,
-        status=AccessStatus.REVOKED,
-        reason=reason.strip() or "revoked by the data steward",
-    )
+    if not reason.strip():
+        raise AccessError("Give the researchers a reason for revoking the grant.")
+    return _access_close(request, by=by, status=AccessStatus.REVOKED, reason=reason.strip())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -165,3 +165,21 @@ def test_approval_flow_through_the_web_pages(client, world):
 def test_non_steward_has_no_queue(client, world):
     client.force_login(world["researcher"])
     assert client.get(reverse("sandbox:steward_queue")).status_code == 404
+
+
+def test_revoking_needs_a_reason_and_keeps_the_grant_without_one(world):
+    req = services.access_request_submit(
+        by=world["researcher"], dataset=world["dataset"], project=world["project"], purpose="p"
+    )
+    services.access_request_decide(
+        by=world["steward"],
+        request_id=req.pk,
+        approve=True,
+        expires_at=timezone.now() + timedelta(days=30),
+    )
+
+    with pytest.raises(services.AccessError, match="reason"):
+        services.access_grant_revoke(by=world["steward"], request_id=req.pk, reason="  ")
+
+    req.refresh_from_db()
+    assert req.status == AccessStatus.APPROVED
