@@ -121,3 +121,25 @@ def is_steward(*, user) -> bool:
 def dataset_versions(*, dataset):
     """Every version of ``dataset``, newest first, with who registered it."""
     return dataset.versions.select_related("created_by").order_by("-version")
+
+
+def schema_change(*, version: DatasetVersion) -> str:
+    """How ``version``'s schema differs from the dataset's previous version, in words (``""``
+    when it is the first version or the columns and types are the same)."""
+    previous = (
+        DatasetVersion.objects.filter(dataset_id=version.dataset_id, version__lt=version.version)
+        .order_by("-version")
+        .first()
+    )
+    if previous is None:
+        return ""
+    old = {c["name"]: c["type"] for c in previous.schema}
+    new = {c["name"]: c["type"] for c in version.schema}
+    parts = []
+    if gone := [n for n in old if n not in new]:
+        parts.append("dropped " + ", ".join(gone))
+    if added := [n for n in new if n not in old]:
+        parts.append("added " + ", ".join(added))
+    if retyped := [f"{n} {old[n]}→{new[n]}" for n in old if n in new and old[n] != new[n]]:
+        parts.append("retyped " + ", ".join(retyped))
+    return "; ".join(parts)

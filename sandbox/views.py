@@ -126,6 +126,13 @@ def _dataset_upload(request):
                 request,
                 f"Version {dv.version} of {dv.dataset.title} registered: {dv.row_count} rows.",
             )
+            change = selectors.schema_change(version=dv)
+            if change:
+                messages.warning(
+                    request,
+                    f"Version {dv.version} has a different schema from version {dv.version - 1} "
+                    f"({change}): jobs and grants that expect the old columns may not fit it.",
+                )
             return redirect("sandbox:dataset_detail", pk=dv.dataset_id)
     return render(request, "sandbox/dataset_upload.html", {"form": form, "sites": sites})
 

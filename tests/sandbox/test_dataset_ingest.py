@@ -304,8 +304,8 @@ def test_missing_key_after_the_first_version_is_a_clear_error(site, steward, tmp
 # --- the web upload ---------------------------------------------------------------------------
 
 
-def _post(client, **data):
-    return client.post(reverse("sandbox:dataset_upload"), data)
+def _post(client, follow: bool = False, **data):
+    return client.post(reverse("sandbox:dataset_upload"), data, follow=follow)
 
 
 def _csv(name: str, content: bytes):
@@ -464,3 +464,33 @@ def test_upload_still_checks_csrf(site, steward):
     response = _post(client, site=site.pk, slug="d", title="D", file=_csv("a.csv", b"a\n1\n"))
     assert response.status_code == 403 and b"CSRF" in response.content
     assert _objects(site) == [] and not Dataset.objects.exists()
+
+
+def test_upload_of_a_version_with_another_schema_warns(client, site, steward):
+    client.force_login(steward)
+    _post(client, site=site.pk, slug="d", title="D", file=_csv("a.csv", b"a,b\n1,2\n"))
+    dataset = Dataset.objects.get()
+
+    response = _post(
+        client,
+        site=site.pk,
+        dataset=dataset.pk,
+        file=_csv("b.csv", b"a,c\nx,2\n"),
+        follow=True,
+    )
+
+    page = response.content.decode()
+    assert "different schema from version 1" in page
+    assert "dropped b; added c; retyped a int→str" in page
+
+
+def test_upload_of_a_version_with_the_same_schema_does_not_warn(client, site, steward):
+    client.force_login(steward)
+    _post(client, site=site.pk, slug="d", title="D", file=_csv("a.csv", b"a,b\n1,2\n"))
+    dataset = Dataset.objects.get()
+
+    response = _post(
+        client, site=site.pk, dataset=dataset.pk, file=_csv("b.csv", b"a,b\n3,4\n"), follow=True
+    )
+
+    assert "different schema" not in response.content.decode()
