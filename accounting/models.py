@@ -38,6 +38,11 @@ class UsageRecord(models.Model):
     rounds = models.PositiveIntegerField(default=0)
     cpu_seconds = models.FloatField(default=0.0)
     wall_seconds = models.FloatField(default=0.0)
+    reserved_seconds = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Seconds the site's pool slot was held for the job (its start to its end).",
+    )
     examples = models.PositiveBigIntegerField(default=0)
     bytes_received = models.PositiveBigIntegerField(default=0)
     bytes_sent = models.PositiveBigIntegerField(default=0)

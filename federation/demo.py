@@ -30,10 +30,9 @@ from sandbox.keyring import SiteKeyring
 from sandbox.storage import FilesystemStore
 
 DEMO_PASSWORD = "federated-demo-2026"  # noqa: S105 — printed by the run command; demo only
-# EUR per service unit of each hospital's pool (1 SU per core-hour, 0.25 SU per GiB-hour).
-# Inflated about 500-fold over a cloud core-hour so that the demo job, whose ClientApps hold a
-# core for a few seconds, shows whole cents on its page and invoices.
-DEMO_PRICE_PER_UNIT = (Decimal("40.0000"), Decimal("30.0000"), Decimal("25.0000"))
+# EUR per service unit of each hospital's pool (1 SU per core-hour, 0.25 SU per GiB-hour): what a
+# trusted research environment might charge for a core-hour of secure compute.
+DEMO_PRICE_PER_UNIT = (Decimal("0.8000"), Decimal("0.6000"), Decimal("0.5000"))
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,7 @@ def institution_billing_series(*, institution, today: dt.date, months: int = 12)
     "su_used": […], "su_provided": […], "charges": […], "credits": […], "net": […],
     "currency": str}``. Usage is by the job's finish month: *used* = usage records of jobs of
     the institution's projects (any pool), *provided* = usage records at the institution's sites
-    (any project); core-hours = reserved cores × wall seconds / 3600 (what is billed, see
+    (any project); core-hours = reserved cores × slot seconds / 3600 (what is billed, see
     ``accounting.services.billing.service_units``); SU from the compute entries (``used``:
     compute charges to the institution, including own-pool show-back at 0.00; ``provided``:
     compute credits to it plus its own-pool show-back). Charges, credits and net (charges −
@@ -95,6 +95,7 @@ def institution_billing_series(*, institution, today: dt.date, months: int = 12)
     for u in usage.values(
         "cores",
         "wall_seconds",
+        "reserved_seconds",
         "job__finished_at",
         "job__project__institution_id",
         "site__institution_id",
@@ -102,7 +103,8 @@ def institution_billing_series(*, institution, today: dt.date, months: int = 12)
         i = index.get(month_start(u["job__finished_at"]))
         if i is None:
             continue
-        hours = u["cores"] * u["wall_seconds"] / SECONDS_PER_HOUR
+        held = u["reserved_seconds"] if u["reserved_seconds"] is not None else u["wall_seconds"]
+        hours = u["cores"] * held / SECONDS_PER_HOUR
         if u["job__project__institution_id"] == institution.pk:
             series["core_hours_used"][i] += hours
         if u["site__institution_id"] == institution.pk:

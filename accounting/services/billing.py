@@ -193,14 +193,17 @@ def price_rule_in_effect(*, pool, day: dt.date) -> PriceRule | None:
 def service_units(*, usage: UsageRecord, rule: PriceRule) -> Decimal:
     """Service units of one usage record under ``rule``, rounded half-up to 4 decimals.
 
-    SU = (cpu_weight × cores + memory_weight × memory_gib + gpu_weight × gpus) × wall_seconds
-    / 3600, i.e. the Slurm ``TRESBillingWeights`` sum of *allocated* TRES × elapsed hours
-    (slurm.conf(5)); the ClientApp's measured ``cpu_seconds`` are not billed, because the
-    reserved cores, memory and GPUs are held for the whole wall time whether the process keeps
-    them busy or not, and because memory and GPUs have no "used seconds" to bill by. Floats
-    (seconds) enter as their shortest decimal repr (``str(float)``).
+    SU = (cpu_weight × cores + memory_weight × memory_gib + gpu_weight × gpus) × held / 3600,
+    i.e. the Slurm ``TRESBillingWeights`` sum of *allocated* TRES × elapsed hours
+    (slurm.conf(5)), where ``held`` is ``usage.reserved_seconds`` — the time the site's pool slot
+    was held for the job, from its start to its end — or, for a record without it, the
+    ClientApp's metered ``wall_seconds``. The measured ``cpu_seconds`` are not billed, because
+    the reserved cores, memory and GPUs are held whether the process keeps them busy or not, and
+    memory and GPUs have no "used seconds" to bill by. Floats (seconds) enter as their shortest
+    decimal repr (``str(float)``).
     """
-    wall = Decimal(str(usage.wall_seconds))
+    held = usage.reserved_seconds if usage.reserved_seconds is not None else usage.wall_seconds
+    wall = Decimal(str(held))
     per_hour = _CONTEXT.add(
         _CONTEXT.add(
             _CONTEXT.multiply(rule.cpu_weight, Decimal(usage.cores)),

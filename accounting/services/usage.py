@@ -78,6 +78,12 @@ def usage_record_job(*, job: FederatedJob) -> list[UsageRecord]:
                 sent=Sum("bytes_sent"),
             )
         }
+        # The scheduler holds a slot of every site's pool from the job's start to its end.
+        reserved = (
+            (job.finished_at - job.started_at).total_seconds()
+            if job.started_at and job.finished_at
+            else None
+        )
         records = []
         for js in job.sites.select_related("site").order_by("site__slug"):
             row = sums.get(js.pk)
@@ -86,6 +92,7 @@ def usage_record_job(*, job: FederatedJob) -> list[UsageRecord]:
                 continue
             row = row or {}
             values = {
+                "reserved_seconds": reserved,
                 "rounds": row.get("rounds") or 0,
                 "cpu_seconds": (row.get("cpu") or 0.0) + float(more.get("cpu_seconds", 0.0)),
                 "wall_seconds": (row.get("wall") or 0.0) + float(more.get("wall_seconds", 0.0)),

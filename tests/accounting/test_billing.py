@@ -305,6 +305,14 @@ def test_service_units_bill_reserved_cores_times_wall_hours(world):
     assert billing.service_units(usage=usage, rule=world.rule["A"]) == D("0.0001")
 
 
+def test_service_units_bill_the_held_slot_when_recorded(world):
+    # The slot was held 7200 s while the ClientApp worked 10 s: (1.5×2) × 7200 / 3600 = 6.
+    usage = BillingUsageFactory.build(
+        cores=2, memory_gib=D("4"), wall_seconds=10.0, reserved_seconds=7200.0
+    )
+    assert billing.service_units(usage=usage, rule=world.rule["B"]) == D("6.0000")
+
+
 # --- data credits ------------------------------------------------------------------------------
 
 

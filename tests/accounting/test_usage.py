@@ -6,6 +6,7 @@ Round metering enters through the real callback service; expected sums are writt
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
@@ -85,6 +86,23 @@ def test_usage_sums_rounds_and_contribution_work_per_site(metered_job):
     # s1 failed round 2 and did not score coalitions.
     assert (s1.rounds, s1.examples, s1.bytes_received, s1.bytes_sent) == (1, 75, 1700, 850)
     assert s1.cpu_seconds == pytest.approx(0.5)
+
+
+def test_usage_records_the_slot_held_from_start_to_end(metered_job):
+    metered_job.started_at = metered_job.finished_at - timedelta(seconds=90.5)
+    metered_job.save(update_fields=["started_at"])
+
+    records = usage_record_job(job=metered_job)
+
+    assert {r.reserved_seconds for r in records} == {90.5}
+
+
+def test_usage_without_a_start_time_records_no_slot(metered_job):
+    assert metered_job.started_at is None
+
+    records = usage_record_job(job=metered_job)
+
+    assert {r.reserved_seconds for r in records} == {None}  # billing then uses wall_seconds
 
 
 def test_usage_flower_figures_are_per_run_only(metered_job):
