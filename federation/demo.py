@@ -159,8 +159,8 @@ def demo_seed(*, canary: str | None = None) -> Project:
             )
             steward = _user(
                 f"steward-{spec.site[-1]}",
-                first="Steward",
-                last=spec.name.split()[0],
+                first=("Alma", "Bruno", "Chidi")[n],  # the data steward of each hospital
+                last="Steward",
                 domain=spec.domain,
             )
             membership_grant(by=platform, user=steward, institution=inst, role=Role.DATA_STEWARD)

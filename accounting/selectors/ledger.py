@@ -217,6 +217,11 @@ def _checked_checkpoint(tree: MerkleTree, size: int) -> str | None:
 
 
 def _count(name: str, value) -> int:
+    """``value`` (an int, or ASCII decimal digits as text) as a count ≥ 0; else ``LedgerError``."""
+    digits = value.removeprefix("-") if isinstance(value, str) else None
+    if digits is not None and not (digits.isascii() and digits.isdecimal()):
+        # int() would also take "１", " 7" or "1_000"; a proof URL takes plain digits only.
+        raise LedgerError(f"{name} must be a whole number (digits 0-9)")
     try:
         number = int(value)
     except (TypeError, ValueError):

@@ -205,6 +205,8 @@ def test_consistency_proof_between_two_checkpoints_verifies(client, member):
     ("query", "message"),
     [
         ("inclusion?index=abc", "whole number"),
+        ("inclusion?index=%EF%BC%91", "digits 0-9"),  # a fullwidth one, which int() would take
+        ("inclusion?index=1_0", "digits 0-9"),
         ("inclusion?index=-1", ">= 0"),
         ("inclusion?index=4&size=4", "not below"),
         ("inclusion?index=0&size=99", "exceeds"),
