@@ -140,6 +140,9 @@ def flower_world(slugs, *, root: Path, live_server, django_db_blocker):
                 FRP_FLWR_HOME=str(dj_settings.FRP_FLWR_HOME),
                 FRP_CALLBACK_BASE_URL=live_server.url,
                 FRP_RECONCILE_SECONDS="1",
+                # No periodic ledger checkpoint during a module (its task has its own tests): a
+                # worker transaction must not overlap the live server's flush between tests.
+                FRP_LEDGER_CHECKPOINT_SECONDS="3600",
                 FRP_VAR_DIR=str(root / "worker-var"),
                 FRP_REPLY_LOG_DIR=str(root / "reply-logs"),
             )

@@ -16,6 +16,7 @@ from unittest import mock
 
 import pytest
 
+from accounting.models import CreditStatement
 from federation import services
 from federation.models import FederatedJob, JobSiteStatus, JobStatus, RoundMetric, SiteRoundMetric
 from portal.models import Membership, Role
@@ -93,6 +94,12 @@ def outcome(three_site_world, django_db_blocker) -> Outcome:
                 return j if j.is_terminal else None
 
             job = wait_for(done, timeout=300, what="the job to finish")
+            if job.status == JobStatus.COMPLETED:  # let the worker's accounting task finish
+                wait_for(
+                    lambda: CreditStatement.objects.filter(job=job).exists(),
+                    timeout=60,
+                    what="the worker's accounting task (job_account)",
+                )
         site_rounds = {
             slug: sorted(
                 SiteRoundMetric.objects.filter(
