@@ -28,3 +28,4 @@ def test_not_found_page_is_the_portal_layout(client, settings):
     assert response.status_code == 404
     page = response.content.decode()
     assert "Not found" in page and "Back to the dashboard" in page
+    assert "Federated Research Portal" in page  # the portal's layout, with its navigation
