@@ -64,6 +64,22 @@ def dataset_next_version(*, site, slug: str) -> int:
     return (latest or 0) + 1
 
 
+def _site_store_and_keyring(site, store, keyring, *, missing: str):
+    """``store`` and ``keyring``, each defaulting to the site's own on this machine
+    (``sandbox.sitestore``); ``DatasetError(missing)`` when one is needed and the site has none."""
+    from sandbox.sitestore import local_site_storage
+
+    if store is not None and keyring is not None:
+        return store, keyring
+    local = local_site_storage(site)
+    if local is None:
+        raise DatasetError(missing)
+    return (
+        store if store is not None else local.store(),
+        keyring if keyring is not None else local.keyring(),
+    )
+
+
 @transaction.atomic
 def dataset_version_register(
     *, by, site, slug: str, title: str, version: int, result, description: str = ""
@@ -93,13 +109,13 @@ def dataset_version_register(
         ciphertext_sha256=result.ciphertext_sha256,
         store_key=result.store_key,
         profile=result.profile,
-        encoding=getattr(result, "encoding", "") or "",
-        encoding_source=getattr(result, "encoding_source", "") or "",
-        delimiter=getattr(result, "delimiter", "") or "",
-        delimiter_source=getattr(result, "delimiter_source", "") or "",
-        missing_values=list(getattr(result, "missing_values", ()) or ()),
-        source_bytes=getattr(result, "source_bytes", None),
-        source_sha256=getattr(result, "source_sha256", "") or "",
+        encoding=result.encoding,
+        encoding_source=result.encoding_source,
+        delimiter=result.delimiter,
+        delimiter_source=result.delimiter_source,
+        missing_values=list(result.missing_values),
+        source_bytes=result.source_bytes,
+        source_sha256=result.source_sha256,
         created_by=by if _user_id(by) else None,
     )
     audit_record(
@@ -231,22 +247,19 @@ def dataset_ingest(
     ``KeyringError`` for a missing or insecure key, ``StorageError`` when the store fails.
     """
     from portal.permissions import can
-    from sandbox.sitestore import local_site_storage
 
     if by is not None and not can(by, "dataset.register", site):
         raise DatasetError(f"only a data steward of {site.institution} registers datasets")
     slug = (slug or "").strip()
     if not Dataset.objects.filter(site=site, slug=slug).exists() and not (title or "").strip():
         raise DatasetError("a new dataset needs a title")
-    if store is None or keyring is None:
-        local = local_site_storage(site)
-        if local is None:
-            raise DatasetError(
-                f"site {site.slug!r} has no store on this machine: ingest where the site runs, "
-                "with manage.py dataset_ingest --store URL --keyring DIR"
-            )
-        store = store if store is not None else local.store()
-        keyring = keyring if keyring is not None else local.keyring()
+    store, keyring = _site_store_and_keyring(
+        site,
+        store,
+        keyring,
+        missing=f"site {site.slug!r} has no store on this machine: ingest where the site runs, "
+        "with manage.py dataset_ingest --store URL --keyring DIR",
+    )
     with _advisory_lock(
         site=site,
         slug=slug,
@@ -352,16 +365,12 @@ def site_key_rotate(
     then kept, so nothing becomes unreadable) or ``StorageError``.
     """
     from portal.permissions import can
-    from sandbox.sitestore import local_site_storage
 
     if by is not None and not can(by, "dataset.register", site):
         raise DatasetError(f"only a data steward of {site.institution} rotates its site key")
-    if store is None or keyring is None:
-        local = local_site_storage(site)
-        if local is None:
-            raise DatasetError(f"site {site.slug!r} has no store and keyring on this machine")
-        store = store if store is not None else local.store()
-        keyring = keyring if keyring is not None else local.keyring()
+    store, keyring = _site_store_and_keyring(
+        site, store, keyring, missing=f"site {site.slug!r} has no store and keyring on this machine"
+    )
     with _advisory_lock(
         site=site,
         slug=None,
