@@ -111,6 +111,14 @@ def upload_sites(*, user):
     return Site.objects.filter(pk__in=local).select_related("institution").order_by("slug")
 
 
+def can_upload_to(*, user, site) -> bool:
+    """Whether ``user`` may upload to ``site`` (as ``upload_sites``, for one site)."""
+    from portal.permissions import can
+    from sandbox.sitestore import local_site_storage
+
+    return can(user, "dataset.register", site) and local_site_storage(site) is not None
+
+
 def is_steward(*, user) -> bool:
     """Whether ``user`` is a data steward of any institution."""
     from portal.models import Role

@@ -64,9 +64,7 @@ def dataset_detail(request, pk: int):
             "versions": versions,
             "form": form,
             "requests": mine,
-            "can_upload": selectors.upload_sites(user=request.user)
-            .filter(pk=dataset.site_id)
-            .exists(),
+            "can_upload": selectors.can_upload_to(user=request.user, site=dataset.site),
         },
     )
 
