@@ -1,7 +1,5 @@
 """Celery tasks of accounting, thin and idempotent: account for a finished job (usage →
-contribution → bill → credit) and sign ledger checkpoints.
-
-Billing's own tasks (invoice closing, billing one job) live in ``accounting.billing_tasks``.
+contribution → bill → credit), close last months' invoices and sign ledger checkpoints.
 """
 
 from __future__ import annotations
@@ -9,7 +7,9 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
+from django.db import connection
 
+from accounting.services import billing
 from accounting.services.billing import job_bill
 from accounting.services.contribution import contribution_score_job
 from accounting.services.credit import credit_statement_draft
@@ -17,6 +17,7 @@ from accounting.services.ledger import ledger_checkpoint_create
 from accounting.services.usage import usage_record_job
 
 log = logging.getLogger(__name__)
+_CLOSE_LOCK_ID = 0x494E5643  # "INVC": one closing run at a time (PostgreSQL advisory lock)
 
 
 @shared_task(
@@ -70,3 +71,25 @@ def ledger_checkpoint_create_task() -> int | None:
         return None
     log.info("ledger checkpoint signed at size %d", checkpoint.size)
     return checkpoint.size
+
+
+@shared_task(name="accounting.invoice_close", acks_late=True, ignore_result=True)
+def invoice_close_task() -> int:
+    """Periodic: close every open invoice of a month before the current one; returns how many
+    were closed (0 when another run holds the lock, or nothing is left to close)."""
+    locked = connection.vendor == "postgresql"
+    if locked:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_lock(%s)", [_CLOSE_LOCK_ID])
+            if not cursor.fetchone()[0]:
+                log.info("invoice_close: another run is closing invoices")
+                return 0
+    try:
+        closed = billing.invoice_close()  # one transaction per invoice
+    finally:
+        if locked:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [_CLOSE_LOCK_ID])
+    if closed:
+        log.info("invoice_close: closed %d invoice(s)", len(closed))
+    return len(closed)

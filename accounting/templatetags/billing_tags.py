@@ -21,7 +21,7 @@ def job_cost(job, user):
 
 
 @register.filter
-def percent(rate) -> str:
+def rate_percent(rate) -> str:
     """A 0–1 rate as a percentage: ``Decimal("0.125")`` → ``"12.5 %"``."""
     value = (Decimal(rate) * 100).normalize()
     return f"{value:f} %"

@@ -12,9 +12,9 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from accounting.billing_tasks import invoice_close_task, job_bill_task
 from accounting.models import BillingEntry, Invoice, InvoiceStatus, LedgerEntry, PriceRule
 from accounting.services import billing
+from accounting.tasks import invoice_close_task, job_account_task
 from federation.models import JobStatus
 from portal.models import AuditEvent
 from tests.factories import (
@@ -461,11 +461,11 @@ def test_next_month_crosses_the_year():
 def test_tasks_close_invoices_and_bill_jobs_idempotently(world, eager_celery):
     job = world.job("B", dt.date(2025, 3, 20), {"C": (8, 16, 0, 7200)})
 
-    assert job_bill_task.delay(job.pk).get() == 2
-    assert job_bill_task.delay(job.pk).get() == 0
+    assert job_account_task.delay(job.pk).get()["billing"] == 2
+    assert job_account_task.delay(job.pk).get()["billing"] == 0
     assert invoice_close_task.delay().get() == 2
     assert invoice_close_task.delay().get() == 0
-    assert job_bill_task.name == "accounting.job_bill"
+    assert job_account_task.name == "accounting.job_account"
     assert invoice_close_task.name == "accounting.invoice_close"
 
 
