@@ -99,6 +99,8 @@ def job_progress(request, pk: int):
 
 def _job_accounting_json(user, job) -> dict:
     """Contribution shares and cost once the worker has accounted for the job (else empty)."""
+    if not job.is_terminal:  # nothing is accounted before the end: no queries while it runs
+        return {"method": None, "shares": {}, "cost": None}
     contribution = accounting_contribution.job_contribution(user=user, job=job)
     cost = accounting_billing.job_cost(job=job, user=user)
     return {

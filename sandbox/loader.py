@@ -281,7 +281,8 @@ def _selected(schema: list[tuple[str, str]], columns: Columns, where: str) -> li
     unknown = [name for name in wanted if name not in names]
     if unknown:
         raise LoaderError(f"{where}: no column(s) {unknown} in the dataset")
-    return [name for name in names if name in set(wanted)]
+    keep = set(wanted)
+    return [name for name in names if name in keep]
 
 
 def _select(table: Table, columns: Columns, where: str) -> Table:

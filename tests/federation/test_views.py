@@ -342,6 +342,8 @@ def test_job_progress_json_accounting_empty_until_the_worker_wrote_it(pi_client,
 
 
 def test_job_progress_json_gives_shares_and_cost(pi_client, world, job_with_rounds):
+    job_with_rounds.status = JobStatus.COMPLETED  # the worker accounts for a job once it ended
+    job_with_rounds.save(update_fields=["status"])
     site = world["versions"][0].dataset.site
     ContributionScore.objects.create(
         job=job_with_rounds, site=site, method="exact", raw_value=0.2, share=1.0, evaluations=2
