@@ -45,8 +45,7 @@ from frp_flwr.task import (
     JobSpec,
     RoundLog,
     coalition_key,
-    coalition_round_model,
-    coalition_run_model,
+    coalition_models,
     combine_sums,
     contribution_plan,
     init_params,
@@ -292,14 +291,20 @@ def evaluate_contribution(
     method, coalitions, permutations = contribution_plan(len(players), seed=seed)
     keys: list[str] = []
     models: list[list[np.ndarray]] = []
+    with_rounds = len(coalitions) * (len(rounds) + 1) <= MAX_COALITION_MODELS
+    by_round: list[tuple[str, list[np.ndarray]]] = []
     for coalition in coalitions:
+        run_model, round_models = coalition_models(
+            initial, rounds, coalition, with_rounds=with_rounds
+        )
         keys.append(f"0|{coalition_key(coalition)}")
-        models.append(coalition_run_model(initial, rounds, coalition))
-    if len(coalitions) * (len(rounds) + 1) <= MAX_COALITION_MODELS:
-        for t, entry in enumerate(rounds, start=1):
-            for coalition in coalitions:
-                keys.append(f"{t}|{coalition_key(coalition)}")
-                models.append(coalition_round_model(entry, coalition))
+        models.append(run_model)
+        by_round += [
+            (f"{t}|{coalition_key(coalition)}", m) for t, m in enumerate(round_models, start=1)
+        ]
+    by_round.sort(key=lambda km: int(km[0].split("|", 1)[0]))  # round by round, as before
+    keys += [k for k, _ in by_round]
+    models += [m for _, m in by_round]
     cfg = ConfigRecord({**dict(config.items()), "coalition-keys": keys})
     stacked = ArrayRecord(stack_models(models))
     msgs = [

@@ -354,6 +354,26 @@ def coalition_round_model(log: RoundLog, coalition: frozenset[int]) -> list[np.n
     ]
 
 
+def coalition_models(
+    initial: list[np.ndarray],
+    rounds: list[RoundLog],
+    coalition: frozenset[int],
+    *,
+    with_rounds: bool,
+) -> tuple[list[np.ndarray], list[list[np.ndarray]]]:
+    """:func:`coalition_run_model` and, with ``with_rounds``, every :func:`coalition_round_model`
+    of ``coalition`` (else ``[]``), computing each round's FedAvg delta once for both."""
+    weights = [np.array(layer, dtype=np.float64, copy=True) for layer in initial]
+    per_round = []
+    for log in rounds:
+        step = fedavg_delta(log, coalition)
+        if with_rounds:
+            per_round.append([start + d for start, d in zip(log.start, step, strict=True)])
+        for acc, d in zip(weights, step, strict=True):
+            acc += d
+    return weights, per_round
+
+
 def coalition_key(coalition: frozenset[int]) -> str:
     """A coalition as text: member indices, ascending, comma-separated (``""`` is the empty one)."""
     return ",".join(str(i) for i in sorted(coalition))
