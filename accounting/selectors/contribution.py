@@ -8,8 +8,24 @@ from accounting.models import ContributionMethod, ContributionScore, UsageRecord
 from federation.models import FederatedJob
 from portal.permissions import can
 
-#: Preferred method for the chart and the "share" column, best first.
-_MAIN = (ContributionMethod.EXACT, ContributionMethod.GTG, ContributionMethod.DATA_VOLUME)
+#: Where a site's contribution share comes from, best first: the job page's chart and "share"
+#: column, the credit statement and the data credits of billing all use the first one present.
+SHARE_METHODS = (ContributionMethod.EXACT, ContributionMethod.GTG, ContributionMethod.DATA_VOLUME)
+
+
+def whole_run_shares(*, job) -> tuple[str, dict[int, float]]:
+    """``(method, {site_id: share})`` of the first of ``SHARE_METHODS`` with whole-run (round 0)
+    scores for ``job``; ``("", {})`` when there are none. One query."""
+    rows = ContributionScore.objects.filter(job=job, round=0, method__in=SHARE_METHODS).values_list(
+        "method", "site_id", "share"
+    )
+    by_method: dict[str, dict[int, float]] = {}
+    for method, site_id, share in rows:
+        by_method.setdefault(method, {})[site_id] = share
+    for method in SHARE_METHODS:
+        if method in by_method:
+            return str(method), by_method[method]
+    return "", {}
 
 
 @dataclass
@@ -71,7 +87,7 @@ def job_contribution(*, user, job: FederatedJob) -> JobContribution:
     scores = list(ContributionScore.objects.filter(job=job).select_related("site"))
     usage = list(UsageRecord.objects.filter(job=job).select_related("site"))
     whole = [s for s in scores if s.round == 0]
-    main_method = next((m for m in _MAIN if any(s.method == m for s in whole)), None)
+    main_method = next((m for m in SHARE_METHODS if any(s.method == m for s in whole)), None)
     loo = {s.site_id: s for s in whole if s.method == ContributionMethod.LOO}
     rows = [
         ContributionRow(

@@ -14,22 +14,14 @@ from django.db.models import Q
 
 from accounting import credit
 from accounting.models import (
-    ContributionMethod,
-    ContributionScore,
     ContributorKind,
     CreditStatement,
     ShareMethod,
 )
+from accounting.selectors.contribution import whole_run_shares
 from federation.models import FederatedJob, JobSite
 from portal.models import ProjectMember, ProjectRole
 from portal.selectors import administered_institutions
-
-# Which whole-run (round 0) contribution score a data provider's share comes from, best first.
-SHARE_METHOD_PREFERENCE = (
-    ContributionMethod.EXACT,
-    ContributionMethod.GTG,
-    ContributionMethod.DATA_VOLUME,
-)
 
 
 def person_name(user) -> str:
@@ -182,20 +174,6 @@ def credit_job(*, user, pk: int) -> FederatedJob:
 # ---------------------------------------------------------------------------------------------
 
 
-def _whole_run_shares(job) -> tuple[str, dict[int, float]]:
-    """``(method, {site_id: share})`` of the best method with whole-run scores; ``("", {})``."""
-    rows = ContributionScore.objects.filter(
-        job=job, round=0, method__in=SHARE_METHOD_PREFERENCE
-    ).values_list("method", "site_id", "share")
-    by_method: dict[str, dict[int, float]] = {}
-    for method, site_id, share in rows:
-        by_method.setdefault(method, {})[site_id] = share
-    for method in SHARE_METHOD_PREFERENCE:
-        if method in by_method:
-            return str(method), by_method[method]
-    return "", {}
-
-
 def _clamp_share(value: float) -> float:
     """A summed share rounded to 9 decimals and kept inside [0, 1] (floating-point sums of
     normalised shares may land a hair outside)."""
@@ -217,7 +195,7 @@ def credit_draft_lines(*, job) -> list[CreditLine]:
     of one institution are summed). Order: the submitter, then the other PIs by name, then the
     institutions by share (largest first, unmeasured last), then by name.
     """
-    method, shares = _whole_run_shares(job)
+    method, shares = whole_run_shares(job=job)
     institutions: dict[int, dict] = {}
     for js in JobSite.objects.filter(job=job).select_related("site__institution"):
         inst = js.site.institution

@@ -35,13 +35,12 @@ from django.utils import timezone
 from accounting.models import (
     BillingEntry,
     BillingKind,
-    ContributionMethod,
-    ContributionScore,
     Invoice,
     InvoiceStatus,
     PriceRule,
     UsageRecord,
 )
+from accounting.selectors.contribution import whole_run_shares
 from accounting.services.ledger import ledger_append
 from federation.models import FederatedJob, JobStatus, Site
 from portal.services import audit_record
@@ -49,12 +48,6 @@ from portal.services import audit_record
 CENTS = Decimal("0.01")
 SU_PLACES = Decimal("0.0001")
 SECONDS_PER_HOUR = Decimal(3600)
-# Data credits are split by the first of these methods that has whole-run (round 0) scores.
-DATA_SHARE_METHODS = (
-    ContributionMethod.EXACT,
-    ContributionMethod.GTG,
-    ContributionMethod.DATA_VOLUME,
-)
 CHARGE_KINDS = (BillingKind.COMPUTE_CHARGE, BillingKind.DATA_CHARGE)
 CREDIT_KINDS = (BillingKind.COMPUTE_CREDIT, BillingKind.DATA_CREDIT)
 DATA_KINDS = (BillingKind.DATA_CHARGE, BillingKind.DATA_CREDIT)
@@ -258,16 +251,11 @@ class _Line:
 
 
 def _data_shares(job) -> dict[int, Decimal]:
-    """Whole-run shares by site id from the first method of ``DATA_SHARE_METHODS`` that has
-    scores with a positive sum; empty when the job has none."""
-    for method in DATA_SHARE_METHODS:
-        rows = ContributionScore.objects.filter(job=job, method=method, round=0).values_list(
-            "site_id", "share"
-        )
-        shares = {site_id: max(Decimal(str(share)), Decimal(0)) for site_id, share in rows}
-        if sum(shares.values(), Decimal(0)) > 0:
-            return shares
-    return {}
+    """Whole-run shares by site id (``accounting.selectors.contribution.whole_run_shares``), as
+    non-negative ``Decimal``; empty when the job has none or they sum to 0."""
+    _, rows = whole_run_shares(job=job)
+    shares = {site_id: max(Decimal(str(share)), Decimal(0)) for site_id, share in rows.items()}
+    return shares if sum(shares.values(), Decimal(0)) > 0 else {}
 
 
 def _job_lines(job, finished_on: dt.date) -> list[_Line]:
