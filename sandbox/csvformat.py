@@ -43,6 +43,7 @@ from typing import TextIO
 from sandbox import arrowcsv
 
 DELIMITERS = (",", ";", "\t")
+DELIMITER_NAMES = {",": "comma", ";": "semicolon", "\t": "tab"}  # the delimiters in words
 DEFAULT_DELIMITER = ","
 DEFAULT_MISSING_VALUES = ("",)
 TYPES = ("int", "float", "bool", "date", "str")

@@ -6,7 +6,7 @@ from django import forms
 from django.utils import timezone
 
 from portal.selectors import projects_for_user
-from sandbox.csvformat import TYPES
+from sandbox.csvformat import DELIMITER_NAMES, TYPES
 
 
 class AccessRequestForm(forms.Form):
@@ -61,7 +61,9 @@ ENCODINGS = [
     ("latin-1", "Latin-1 (ISO-8859-1)"),
     ("utf-16", "UTF-16 (with byte-order mark)"),
 ]
-DELIMITERS = [("", "Detect"), (",", "Comma ,"), (";", "Semicolon ;"), ("\t", "Tab")]
+DELIMITERS = [("", "Detect")] + [
+    (d, f"{name.capitalize()} {d}".strip()) for d, name in DELIMITER_NAMES.items()
+]
 
 
 def parse_types(items: list[str]) -> dict[str, str]:

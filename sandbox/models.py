@@ -87,7 +87,9 @@ class DatasetVersion(models.Model):
     @property
     def delimiter_name(self) -> str:
         """The delimiter as a word ("comma", "semicolon", "tab"), or the character itself."""
-        return {",": "comma", ";": "semicolon", "\t": "tab"}.get(self.delimiter, self.delimiter)
+        from sandbox.csvformat import DELIMITER_NAMES
+
+        return DELIMITER_NAMES.get(self.delimiter, self.delimiter)
 
 
 class AccessStatus(models.TextChoices):

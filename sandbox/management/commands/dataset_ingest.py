@@ -8,12 +8,17 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from sandbox import services
-from sandbox.csvformat import TYPES
+from sandbox.csvformat import DELIMITER_NAMES, TYPES
 from sandbox.forms import parse_types
 from sandbox.keyring import SiteKeyring
 from sandbox.storage import StorageError, store_from_url
 
-DELIMITERS = {"comma": ",", ",": ",", "semicolon": ";", ";": ";", "tab": "\t", "\\t": "\t"}
+# --delimiter takes the character or its name (and "\t" as typed in a shell for a tab).
+DELIMITERS = {
+    **{d: d for d in DELIMITER_NAMES},
+    **{name: d for d, name in DELIMITER_NAMES.items()},
+    "\\t": "\t",
+}
 
 
 class Command(BaseCommand):
