@@ -40,6 +40,7 @@ from accounting.services.ledger import (
     ledger_verifier,
 )
 from portal.permissions import can
+from portal.selectors import administered_institutions
 
 _FETCH = 20_000  # leaf hashes per chunk when extending the tree
 
@@ -100,11 +101,11 @@ def ledger_cosigners(checkpoint: LedgerCheckpoint) -> list[LedgerCosignature]:
 
 def ledger_witnesses_of(*, user) -> list[LedgerWitness]:
     """Active witness keys of the institutions ``user`` administers (for the cosign form)."""
-    return [
-        w
-        for w in LedgerWitness.objects.filter(active=True).select_related("institution")
-        if can(user, "institution.admin", w.institution)
-    ]
+    return list(
+        LedgerWitness.objects.filter(
+            active=True, institution__in=administered_institutions(user=user)
+        ).select_related("institution")
+    )
 
 
 # --- the cached tree ----------------------------------------------------------------------------
