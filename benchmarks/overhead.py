@@ -398,7 +398,7 @@ def raw_run_config(world: World, rounds: int, args: argparse.Namespace) -> dict:
 
     with transaction.atomic():
         job = services.job_submit(**_submit_kwargs(world, rounds, args, "overhead benchmark (raw)"))
-        config = services.job_run_config(job)
+        config = services.job_run_config(job).to_flower()
         transaction.set_rollback(True)  # nothing recorded, and the queued launch never fires
     config["callback-url"] = ""
     return config
@@ -679,6 +679,7 @@ def main(argv: list[str] | None = None) -> int:
         from django.contrib.auth import get_user_model
         from django.core.management import call_command
 
+        from federation import callbacks
         from federation.demo import demo_seed, local_sites
         from sandbox.selectors import usable_versions
 
@@ -700,7 +701,9 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
-        state = runtime.start(var / "federation", local_sites())
+        state = runtime.start(
+            var / "federation", local_sites(), superlink_env=callbacks.serverapp_environment()
+        )
         runtime.write_control_config(
             settings.FRP_FLWR_HOME, settings.FRP_FEDERATION_NAME, state.superlink_address
         )

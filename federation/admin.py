@@ -49,5 +49,5 @@ class FederatedJobAdmin(admin.ModelAdmin):
     list_display = ["id", "title", "project", "status", "flower_run_id", "created_at"]
     list_filter = ["status"]
     search_fields = ["title", "flower_run_id"]
-    readonly_fields = ["callback_token", "flower_run_id", "final_metrics", "failure_reason"]
+    readonly_fields = ["callback_seq", "flower_run_id", "final_metrics", "failure_reason"]
     inlines = [JobSiteInline, RoundMetricInline]

@@ -1,7 +1,5 @@
 """Sites, compute pools, federated jobs, per-site participation and round metrics."""
 
-import secrets
-
 from django.conf import settings
 from django.db import models
 
@@ -65,6 +63,9 @@ class JobStatus(models.TextChoices):
 
 
 def _new_callback_token() -> str:
+    """Referenced by migration 0001 only (the callback token left the run config: ADR 0013)."""
+    import secrets
+
     return secrets.token_hex(32)
 
 
@@ -88,7 +89,11 @@ class FederatedJob(models.Model):
     learning_rate = models.FloatField(default=0.1)
 
     flower_run_id = models.CharField(max_length=32, blank=True, help_text="uint64, as text.")
-    callback_token = models.CharField(max_length=64, default=_new_callback_token, editable=False)
+    callback_seq = models.PositiveBigIntegerField(
+        default=0,
+        editable=False,
+        help_text="Sequence number of the last ServerApp event accepted (each is accepted once).",
+    )
     final_metrics = models.JSONField(default=dict, blank=True)
     failure_reason = models.TextField(blank=True, help_text="Reason reported by the ServerApp.")
 

@@ -197,8 +197,20 @@ FRP_BILLING_CURRENCY = env.str("FRP_BILLING_CURRENCY", default="EUR")
 FRP_FLWR_HOME = Path(env.str("FRP_FLWR_HOME", default=str(VAR_DIR / "flwr-control")))
 FRP_FEDERATION_NAME = env.str("FRP_FEDERATION_NAME", default="local")
 FRP_FLWR_APP_DIR = BASE_DIR / "federation" / "flwr_app"
-# The URL the ServerApp posts round metrics to (HMAC-signed, see federation/callbacks.py).
+# The URL the ServerApp posts round metrics to (signed, see federation/callbacks.py).
 FRP_CALLBACK_BASE_URL = env.str("FRP_CALLBACK_BASE_URL", default="http://127.0.0.1:8000")
+# The platform callback key (ADR 0013): held by the portal and the SuperLink's environment only.
+# Empty: the key file below, created (mode 0600, folder 0700) on first use.
+FRP_CALLBACK_KEY = env.str("FRP_CALLBACK_KEY", default="")
+FRP_CALLBACK_KEY_FILE = Path(
+    env.str("FRP_CALLBACK_KEY_FILE", default=str(VAR_DIR / "secrets" / "callback.key"))
+)
+if not DEBUG and not FRP_CALLBACK_KEY and "FRP_CALLBACK_KEY_FILE" not in os.environ:
+    # The web server verifies and the SuperLink's ServerApps sign: both must hold the same key.
+    raise ImproperlyConfigured(
+        "set FRP_CALLBACK_KEY (the same value in the SuperLink's environment), or "
+        "FRP_CALLBACK_KEY_FILE on a volume both share"
+    )
 # A round with no reply within this many seconds drops the silent sites (FedAvg's default: 3600 s).
 FRP_ROUND_TIMEOUT = env.float("FRP_ROUND_TIMEOUT", default=120.0)
 # Optional: a folder where each job's ServerApp appends every reply it receives (an audit of exactly

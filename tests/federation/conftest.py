@@ -25,7 +25,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from federation import runtime
+from federation import callbacks, runtime
 from federation.demo import ingest_site_dataset
 from federation.models import ComputePool, Site
 from portal.models import Institution, ProjectRole
@@ -46,6 +46,8 @@ class FlowerWorld:
     worker_log: Path
     sites_dir: Path
     reply_log_dir: Path
+    received_log_dir: Path  # <site>.jsonl: every message each site's ClientApp received
+    federation: runtime.FederationState
 
 
 def _plant_number(path: Path) -> None:
@@ -119,6 +121,7 @@ def flower_world(slugs, *, root: Path, live_server, django_db_blocker):
                 versions.append(dv)
             for p in paths.values():
                 p.unlink()
+            (root / "received-logs").mkdir()
             state = runtime.start(
                 root / "federation",
                 [
@@ -126,9 +129,11 @@ def flower_world(slugs, *, root: Path, live_server, django_db_blocker):
                         site=s.slug,
                         store_url=f"file://{dj_settings.FRP_SITES_DIR / s.slug / 'store'}",
                         keyring=str(dj_settings.FRP_SITES_DIR / s.slug / "keyring"),
+                        received_log=str(root / "received-logs" / f"{s.slug}.jsonl"),
                     )
                     for s in sites
                 ],
+                superlink_env=callbacks.serverapp_environment(),
             )
             runtime.write_control_config(
                 dj_settings.FRP_FLWR_HOME, dj_settings.FRP_FEDERATION_NAME, state.superlink_address
@@ -175,6 +180,8 @@ def flower_world(slugs, *, root: Path, live_server, django_db_blocker):
                 worker_log,
                 root / "sites",
                 root / "reply-logs",
+                root / "received-logs",
+                state,
             )
         finally:
             if worker is not None:

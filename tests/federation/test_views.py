@@ -7,7 +7,6 @@ The SuperLink boundary is faked (``FakeSuperLink`` from test_services); nothing 
 from __future__ import annotations
 
 import html
-import json
 import re
 import time
 from datetime import timedelta
@@ -20,7 +19,7 @@ from django.utils import timezone
 from accounting.models import BillingEntry, ContributionScore
 from federation import services
 from federation.models import FederatedJob, JobSite, JobStatus, RoundMetric, SiteRoundMetric
-from federation.signing import sign
+from frp_flwr.signing import sign
 from portal.models import ProjectRole
 from sandbox.models import AccessStatus
 from tests.factories import (
@@ -30,6 +29,7 @@ from tests.factories import (
     ProjectFactory,
     ProjectMemberFactory,
 )
+from tests.federation.callback_support import body_of, post, signed
 from tests.federation.test_services import FakeSuperLink
 
 pytestmark = pytest.mark.django_db
@@ -434,7 +434,7 @@ def anon():
     return Client(enforce_csrf_checks=True)
 
 
-def _round_body(job: FederatedJob, rnd: int = 1) -> bytes:
+def _round_body(job: FederatedJob, rnd: int = 1, seq: int = 1) -> bytes:
     sites = {
         js.site.slug: {"ok": True, "train_examples": 40, "eval_examples": 10}
         for js in job.sites.select_related("site")
@@ -449,16 +449,10 @@ def _round_body(job: FederatedJob, rnd: int = 1) -> bytes:
         "wall_seconds": 3.5,
         "sites": sites,
     }
-    return json.dumps(payload).encode()
+    return body_of(payload, seq=seq)
 
 
-def _post(client, job, body: bytes, headers: dict | None = None):
-    return client.post(
-        f"/jobs/callback/{job.pk}/",
-        data=body,
-        content_type="application/json",
-        headers=headers or {},
-    )
+_post = post
 
 
 def test_callback_unsigned_is_403(anon, running_job):
@@ -470,7 +464,7 @@ def test_callback_unsigned_is_403(anon, running_job):
 
 def test_callback_wrong_signature_is_403(anon, running_job):
     body = _round_body(running_job)
-    headers = sign("not-the-job-token", body)
+    headers = sign(b"not-the-job-key", body)
 
     response = _post(anon, running_job, body, headers)
 
@@ -479,7 +473,7 @@ def test_callback_wrong_signature_is_403(anon, running_job):
 
 
 def test_callback_signature_of_other_body_is_403(anon, running_job):
-    headers = sign(running_job.callback_token, _round_body(running_job, rnd=1))
+    headers = signed(running_job, _round_body(running_job, rnd=1))
 
     response = _post(anon, running_job, _round_body(running_job, rnd=2), headers)
 
@@ -490,7 +484,7 @@ def test_callback_signature_of_other_body_is_403(anon, running_job):
 @pytest.mark.parametrize("skew", [-301, 301, -3600])
 def test_callback_stale_timestamp_is_403(anon, running_job, skew):
     body = _round_body(running_job)
-    headers = sign(running_job.callback_token, body, timestamp=int(time.time()) + skew)
+    headers = signed(running_job, body, timestamp=int(time.time()) + skew)
 
     response = _post(anon, running_job, body, headers)
 
@@ -500,12 +494,12 @@ def test_callback_stale_timestamp_is_403(anon, running_job, skew):
 
 def test_callback_valid_signature_records_round_without_login_or_csrf(anon, running_job):
     body = _round_body(running_job)
-    headers = sign(running_job.callback_token, body)
+    headers = signed(running_job, body)
 
     response = _post(anon, running_job, body, headers)
 
     assert response.status_code == 200
-    assert response.json() == {"ok": True, "drop_sites": []}
+    assert response.json() == {"ok": True, "drop_sites": [], "error": ""}
     metric = RoundMetric.objects.get(job=running_job)
     assert metric.round == 1
     assert (metric.train_loss, metric.eval_loss, metric.eval_accuracy) == (0.61, 0.52, 0.875)
@@ -516,7 +510,7 @@ def test_callback_valid_signature_records_round_without_login_or_csrf(anon, runn
 def test_callback_valid_signature_for_completed_job_is_409(anon, running_job):
     FederatedJob.objects.filter(pk=running_job.pk).update(status=JobStatus.COMPLETED)
     body = _round_body(running_job)
-    headers = sign(running_job.callback_token, body)
+    headers = signed(running_job, body)
 
     response = _post(anon, running_job, body, headers)
 
@@ -526,7 +520,7 @@ def test_callback_valid_signature_for_completed_job_is_409(anon, running_job):
 
 def test_callback_malformed_json_with_valid_signature_is_400(anon, running_job):
     body = b'{"event": "round", "round": '
-    headers = sign(running_job.callback_token, body)
+    headers = signed(running_job, body)
 
     response = _post(anon, running_job, body, headers)
 
@@ -536,7 +530,7 @@ def test_callback_malformed_json_with_valid_signature_is_400(anon, running_job):
 
 def test_callback_unknown_job_is_404(anon, running_job):
     body = _round_body(running_job)
-    headers = sign(running_job.callback_token, body)
+    headers = signed(running_job, body)
 
     response = anon.post(
         f"/jobs/callback/{running_job.pk + 1000}/",
