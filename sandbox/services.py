@@ -468,7 +468,13 @@ def _ledger_access(request: AccessRequest, *, decision: str) -> None:
         by=request.decided_by_id,
         time=request.decided_at.isoformat(),
         expires_at=request.expires_at.isoformat() if request.expires_at else None,
-        reason=request.decision_reason,
+        # The reason is free text: only its SHA-256 goes into the public ledger (it can be proved
+        # later); the text itself stays in the audit event, which only the parties read.
+        reason_sha256=(
+            hashlib.sha256(request.decision_reason.encode()).hexdigest()
+            if request.decision_reason
+            else None
+        ),
     )
 
 

@@ -16,15 +16,19 @@ What this module owns:
   an institution registers a verifier key; a cosigned checkpoint is accepted only if it still
   verifies under the platform key and that key.
 
-Ledger records carry ids and figures only (job, site, institution ids, amounts, scores), never
-personal data: every signed-in member of an institution may read them.
+Ledger records carry ids, figures and hashes only (job, site, institution ids, amounts, scores, the
+SHA-256 of a free text), never personal data or free text: every signed-in member of every
+institution may read them and no one can remove them. ``_leaf_bytes`` refuses a string that could
+be free text (anything with a space or outside ``[A-Za-z0-9_.:+-]``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import re
 import tempfile
 import threading
 from collections.abc import Iterable
@@ -79,11 +83,45 @@ def canonical_json(record: dict[str, Any]) -> bytes:
     ).encode()
 
 
+#: A string in a leaf is an identifier, a figure, a time or a hash: no spaces, no free text.
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9_.:+\-]{0,200}$")
+_KEY_RE = re.compile(r"^[a-z0-9_]{1,64}$")
+
+
+def _check_no_free_text(value: Any, where: str) -> None:
+    """Refuse a value that could carry free text (every institution reads every leaf, forever).
+
+    Free text goes into a leaf only as its SHA-256 (:func:`text_sha256`); the text itself stays in
+    the audit log for the parties.
+    """
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str) or not _KEY_RE.match(key):
+                raise LedgerError(f"{where}: key {str(key)[:40]!r} is not an identifier")
+            _check_no_free_text(item, f"{where}.{key}")
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_no_free_text(item, f"{where}[{i}]")
+    elif isinstance(value, str) and not _TOKEN_RE.match(value):
+        raise LedgerError(
+            f"{where}: {value[:40]!r} looks like free text; a leaf holds identifiers, figures and "
+            "hashes only (put the text's SHA-256 in the leaf and the text in the audit log)"
+        )
+
+
+def text_sha256(text: str | None) -> str | None:
+    """The SHA-256 (hex) of a free text's UTF-8 bytes, for a ledger leaf; ``None`` for no text."""
+    if not text:
+        return None
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def _leaf_bytes(kind: str, record: dict[str, Any]) -> bytes:
     if not isinstance(kind, str) or not kind or len(kind) > _KIND_MAX:
         raise LedgerError(f"kind must be a non-empty string of at most {_KIND_MAX} characters")
     if not isinstance(record, dict):
         raise LedgerError("record must be a dict")
+    _check_no_free_text(record, "record")
     if "kind" in record and record["kind"] != kind:
         raise LedgerError(f"record's 'kind' {record['kind']!r} differs from kind {kind!r}")
     try:

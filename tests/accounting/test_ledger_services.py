@@ -106,6 +106,9 @@ def test_ledger_append_many_writes_more_than_one_insert_batch():
         ("usage", {"amount": float("inf")}, "serialisable"),
         ("usage", {"amount": object()}, "serialisable"),
         ("usage", ["not", "a", "dict"], "dict"),
+        ("access_decision", {"reason": "under investigation (confidential)"}, "free text"),
+        ("usage", {"notes": ["fine", "two words"]}, "free text"),
+        ("usage", {"Free Key": 1}, "not an identifier"),
     ],
 )
 def test_ledger_append_rejects_bad_records_and_writes_nothing(kind, record, message):
