@@ -412,3 +412,41 @@ def test_concurrent_appends_from_several_connections_stay_dense():
     assert list(LedgerEntry.objects.order_by("index").values_list("index", flat=True)) == list(
         range(200)
     )
+
+
+@pytest.mark.slow
+def test_sqlite_ledger_refuses_update_and_delete(tmp_path):
+    """Issue 9, finding 10: the embedded default (SQLite) gets the append-only trigger too.
+
+    A real ``migrate`` on a fresh SQLite file, then raw SQL through Python's ``sqlite3``.
+    """
+    import os
+    import sqlite3
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    db = tmp_path / "portal.sqlite3"
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{db}",
+        "DJANGO_SETTINGS_MODULE": "portal.settings",
+        "FRP_VAR_DIR": str(tmp_path / "var"),
+    }
+    manage = Path(__file__).parents[2] / "manage.py"
+    subprocess.run(
+        [sys.executable, str(manage), "migrate", "--noinput", "-v0"], env=env, check=True
+    )
+    con = sqlite3.connect(db)
+    con.execute(
+        'INSERT INTO accounting_ledgerentry ("index", kind, data, leaf_hash, created_at) '
+        "VALUES (0, 'usage', '{}', x'00', '2026-01-01')"
+    )
+    con.commit()
+    for sql in (
+        "UPDATE accounting_ledgerentry SET data = '{\"job\":2}'",
+        "DELETE FROM accounting_ledgerentry",
+    ):
+        with pytest.raises(sqlite3.IntegrityError, match="ledger is append-only"):
+            con.execute(sql)
+    assert con.execute("SELECT COUNT(*) FROM accounting_ledgerentry").fetchone() == (1,)
