@@ -514,12 +514,15 @@ def access_request_decide(
         AccessRequest.objects.select_for_update().select_related("dataset__site").get(pk=request_id)
     )
     _check_steward(by, request)
+    if request.status != AccessStatus.PENDING:  # decided already (another steward, another tab)
+        raise AccessError(
+            f"this request was already decided ({request.get_status_display().lower()}); "
+            "nothing was changed"
+        )
     if approve:
         if expires_at is None or expires_at <= timezone.now():
             raise AccessError("an approval needs an expiry date in the future")
         return access_request_approve(by=by, request=request, expires_at=expires_at, reason=reason)
-    if request.status != AccessStatus.PENDING:
-        raise AccessError(f"request is {request.status}, not pending")
     if not reason.strip():
         raise AccessError("give the researcher a reason for the refusal")
     return _access_close(request, by=by, status=AccessStatus.REFUSED, reason=reason.strip())

@@ -213,7 +213,10 @@ def release_decide(request, pk: int):
     from federation.models import Site
 
     release = get_object_or_404(ModelRelease, pk=pk)
-    site = get_object_or_404(Site, pk=request.POST.get("site") or 0, job_sites__job=release.job)
+    site_id = request.POST.get("site", "")
+    if not site_id.isdigit():  # a junk id is "no such site", not a 500
+        raise Http404("No such site")
+    site = get_object_or_404(Site, pk=int(site_id), job_sites__job=release.job)
     if not can(request.user, "access.decide", site):
         raise Http404("No such release")  # only the participating sites' stewards see it
     try:

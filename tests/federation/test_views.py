@@ -17,8 +17,9 @@ from django.test import Client
 from django.utils import timezone
 
 from accounting.models import BillingEntry, ContributionScore
-from federation import services
+from federation import callbacks, services
 from federation.models import FederatedJob, JobSite, JobStatus, RoundMetric, SiteRoundMetric
+from frp_flwr import contract
 from frp_flwr.signing import sign
 from portal.models import ProjectRole
 from sandbox.models import AccessStatus
@@ -546,3 +547,90 @@ def test_callback_get_not_allowed(anon, running_job):
     response = anon.get(f"/jobs/callback/{running_job.pk}/")
 
     assert response.status_code == 405
+
+
+def _job_state(job: FederatedJob) -> tuple:
+    job = FederatedJob.objects.get(pk=job.pk)
+    return (
+        job.status,
+        job.final_metrics,
+        job.failure_reason,
+        job.callback_seq,
+        RoundMetric.objects.filter(job=job).count(),
+        SiteRoundMetric.objects.filter(job_site__job=job).count(),
+        sorted(job.sites.values_list("status", "node_id")),
+    )
+
+
+def _deep_body(levels: int) -> bytes:
+    return b'{"event":"started","seq":1,"nodes":' + b"[" * levels + b"]" * levels + b"}"
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'[{"event": "round", "seq": 1, "round": 1}]', "must be a JSON object, not list"),
+        (b'{"event": "round", "seq": 1, "round": 1, "sites": [{"ok": true}]}', "sites: expected"),
+        (b'{"event": "round", "seq": 1, "round": 1000000000000000000000000000000}', "outside"),
+        (b'{"event": "started", "seq": 1, "nodes": [1]}', "nodes: expected an object"),
+        (_deep_body(100_000), "nested too deeply"),
+        (
+            b'{"event": "finished", "seq": 1, "rounds": 2, "eval_accuracy": 0.9, '
+            b'"eval_loss": NaN, "model": [[1.0]]}',
+            "NaN is not a number",
+        ),
+        (b'{"event": "finished", "seq": 1, "rounds": 2, "model": [[1e999]]}', "not a finite"),
+    ],
+    ids=["json-list", "sites-list", "round-1e30", "nodes-list", "deep", "nan-final", "inf-model"],
+)
+def test_callback_signed_but_malformed_is_400_and_changes_nothing(anon, running_job, body, message):
+    """Issue 9, finding 7: these bodies, validly signed, were 500s (or wrote half an event)."""
+    before = _job_state(running_job)
+
+    response = _post(anon, running_job, body, signed(running_job, body))
+
+    assert response.status_code == 400
+    assert message in response.json()["error"]
+    assert _job_state(running_job) == before
+
+
+def test_callback_replayed_inside_the_window_is_409(anon, running_job):
+    """Issue 9, finding 1: a captured post, sent again within the 300 s window, is refused."""
+    body = _round_body(running_job, seq=1)
+    headers = signed(running_job, body)
+    assert _post(anon, running_job, body, headers).status_code == 200
+    before = _job_state(running_job)
+
+    replay = _post(anon, running_job, body, headers)
+
+    assert replay.status_code == 409 and "already accepted" in replay.json()["error"]
+    assert _job_state(running_job) == before
+
+
+def test_callback_before_the_run_id_is_recorded_is_503_for_a_retry(anon, running_job):
+    FederatedJob.objects.filter(pk=running_job.pk).update(flower_run_id="")
+    body = _round_body(running_job)
+
+    response = _post(anon, running_job, body, sign(b"k" * 32, body))
+
+    assert response.status_code == 503 and response["Retry-After"] == "1"
+    assert not RoundMetric.objects.exists()
+
+
+def test_callback_signed_for_another_run_of_the_job_is_403(anon, running_job):
+    """The key is per run: a ServerApp of an earlier run of the job (or its key) signs nothing."""
+    body = _round_body(running_job)
+    other_run = callbacks.run_key(job_id=running_job.pk, run_id="8")
+
+    response = _post(anon, running_job, body, sign(other_run, body))
+
+    assert response.status_code == 403
+    assert not RoundMetric.objects.exists()
+
+
+def test_callback_body_over_the_limit_is_413(anon, running_job):
+    body = b" " * (contract.MAX_EVENT_BYTES + 1)
+
+    response = _post(anon, running_job, body, signed(running_job, body))
+
+    assert response.status_code == 413
