@@ -34,7 +34,7 @@ class UsageRecord(models.Model):
     job = models.ForeignKey(
         "federation.FederatedJob", on_delete=models.PROTECT, related_name="usage_records"
     )
-    site = models.ForeignKey("federation.Site", on_delete=models.PROTECT, related_name="usage")
+    site = models.ForeignKey("portal.Site", on_delete=models.PROTECT, related_name="usage")
     rounds = models.PositiveIntegerField(default=0)
     cpu_seconds = models.FloatField(default=0.0)
     wall_seconds = models.FloatField(default=0.0)
@@ -89,7 +89,7 @@ class ContributionScore(models.Model):
         "federation.FederatedJob", on_delete=models.PROTECT, related_name="contribution_scores"
     )
     site = models.ForeignKey(
-        "federation.Site", on_delete=models.PROTECT, related_name="contribution_scores"
+        "portal.Site", on_delete=models.PROTECT, related_name="contribution_scores"
     )
     method = models.CharField(max_length=16, choices=ContributionMethod.choices)
     round = models.PositiveIntegerField(default=0, help_text="0 = the whole run.")
@@ -215,7 +215,7 @@ class BillingEntry(models.Model):
         "federation.FederatedJob", on_delete=models.PROTECT, related_name="billing_entries"
     )
     site = models.ForeignKey(
-        "federation.Site", on_delete=models.PROTECT, related_name="billing_entries"
+        "portal.Site", on_delete=models.PROTECT, related_name="billing_entries"
     )
     kind = models.CharField(max_length=16, choices=BillingKind.choices)
     institution = models.ForeignKey(

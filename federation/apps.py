@@ -5,3 +5,8 @@ from django.apps import AppConfig
 
 class FederationConfig(AppConfig):
     name = "federation"
+
+    def ready(self) -> None:
+        from federation import panels
+
+        panels.register()

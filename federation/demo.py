@@ -19,9 +19,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounting.services.billing import price_rule_create
-from federation.models import ComputePool, Site
+from federation.models import ComputePool
 from federation.runtime import LocalSite
-from portal.models import Institution, Project, Role
+from portal.models import Institution, Project, Role, Site
 from portal.services import membership_grant, project_create, project_member_add
 from sandbox import demo_data
 from sandbox import services as sandbox_services
@@ -142,7 +142,12 @@ def demo_seed(*, canary: str | None = None) -> Project:
             inst = Institution.objects.create(
                 slug=spec.slug, name=spec.name, email_domain=spec.domain
             )
-            pool = ComputePool.objects.create(institution=inst, name=f"{spec.slug}-cpu", slots=2)
+            sites[spec.site] = Site.objects.create(
+                institution=inst, slug=spec.site, name=spec.site_name
+            )
+            pool = ComputePool.objects.create(
+                site=sites[spec.site], name=f"{spec.slug}-cpu", slots=2
+            )
             price_rule_create(
                 by=platform,
                 pool=pool,
@@ -153,9 +158,6 @@ def demo_seed(*, canary: str | None = None) -> Project:
                 price_per_unit=DEMO_PRICE_PER_UNIT[n],
                 currency=settings.FRP_BILLING_CURRENCY,
                 data_credit_rate=Decimal("0.50"),
-            )
-            sites[spec.site] = Site.objects.create(
-                institution=inst, pool=pool, slug=spec.site, name=spec.site_name
             )
             steward = _user(
                 f"steward-{spec.site[-1]}",

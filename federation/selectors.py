@@ -1,11 +1,18 @@
-"""Reads of federated jobs, scoped to the user's projects."""
+"""Reads of federated jobs, scoped to the user's projects, and of the airlock."""
 
 from __future__ import annotations
 
 from django.db.models import Count, Prefetch, Q
 
-from federation.models import FederatedJob, JobSite, RoundMetric, SiteRoundMetric
-from portal.models import Membership, Role
+from federation.models import (
+    FederatedJob,
+    JobSite,
+    ModelRelease,
+    ReleaseStatus,
+    RoundMetric,
+    SiteRoundMetric,
+)
+from portal.models import Membership, Role, Site
 from portal.selectors import projects_for_user
 
 
@@ -89,3 +96,30 @@ def release_waiting_sites(*, job: FederatedJob, release) -> list:
         return []
     decided = set(release.decisions.values_list("site_id", flat=True))
     return [js.site for js in job.sites.select_related("site") if js.site_id not in decided]
+
+
+def releases_for_steward(*, user):
+    """Pending model releases with a participating site of an institution where ``user`` stewards,
+    each with ``sites_to_decide``: that steward's sites that have not decided yet."""
+    my_sites = set(
+        Site.objects.filter(
+            institution__memberships__user=user, institution__memberships__role=Role.DATA_STEWARD
+        ).values_list("pk", flat=True)
+    )
+    releases = (
+        ModelRelease.objects.filter(status=ReleaseStatus.PENDING, job__sites__site__in=my_sites)
+        .select_related("job__project", "requested_by")
+        .prefetch_related("decisions", "job__sites__site")
+        .distinct()
+    )
+    out = []
+    for release in releases:
+        decided = {d.site_id for d in release.decisions.all()}
+        release.sites_to_decide = [
+            js.site
+            for js in release.job.sites.all()
+            if js.site_id in my_sites and js.site_id not in decided
+        ]
+        if release.sites_to_decide:
+            out.append(release)
+    return out

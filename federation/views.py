@@ -1,4 +1,5 @@
-"""Views of federated jobs: list, submit form, detail with live progress, stop, ServerApp callback."""
+"""Views of federated jobs: list, submit form, detail with live progress, stop, ServerApp callback,
+and the airlock (release request, a steward's decision, the released model)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,10 @@ from accounting.selectors import billing as accounting_billing
 from accounting.selectors import contribution as accounting_contribution
 from federation import selectors, services
 from federation.forms import JobSubmitForm
-from federation.models import FederatedJob
+from federation.models import FederatedJob, ModelRelease, ReleaseStatus
 from federation.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, SignatureError, verify
+from portal.models import Site
 from portal.permissions import can
-from sandbox import services as sandbox_services
-from sandbox.models import ReleaseStatus
 
 
 @login_required
@@ -171,8 +171,8 @@ def job_release_request(request, pk: int):
     """Ask the participating sites' stewards to let the final model out (airlock)."""
     job = _job_or_404(request, pk)
     try:
-        sandbox_services.release_request(by=request.user, job=job)
-    except sandbox_services.ReleaseError as exc:
+        services.release_request(by=request.user, job=job)
+    except services.ReleaseError as exc:
         messages.error(request, str(exc))
     else:
         messages.info(request, "Release requested from the participating sites' data stewards.")
@@ -226,3 +226,26 @@ def job_callback(request, pk: int):
     except (KeyError, TypeError, ValueError) as exc:
         return JsonResponse({"ok": False, "error": f"malformed event: {exc}"}, status=400)
     return JsonResponse(answer)
+
+
+@login_required
+@require_POST
+def release_decide(request, pk: int):
+    """A data steward approves or refuses a model release for one of their sites (airlock)."""
+    release = get_object_or_404(ModelRelease, pk=pk)
+    site = get_object_or_404(Site, pk=request.POST.get("site") or 0, job_sites__job=release.job)
+    if not can(request.user, "access.decide", site):
+        raise Http404("No such release")  # only the participating sites' stewards see it
+    try:
+        services.release_decide(
+            by=request.user,
+            release_id=pk,
+            site=site,
+            approve=request.POST.get("decision") == "approve",
+            reason=request.POST.get("reason", ""),
+        )
+    except services.ReleaseError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, "Airlock decision recorded.")
+    return redirect("sandbox:steward_queue")

@@ -42,7 +42,7 @@ def site_dir(slug: str) -> Path:
 
 
 def local_site_storage(site) -> SiteStorage | None:
-    """The store and keyring of ``site`` (a ``federation.Site`` or its slug) if it runs beside the
+    """The store and keyring of ``site`` (a ``portal.models.Site`` or its slug) if it runs beside the
     portal (see module doc), else ``None``."""
     slug = getattr(site, "slug", site)
     root = site_dir(slug)

@@ -73,7 +73,7 @@ def outcome(flower_job_world, django_db_blocker) -> Outcome:
     with django_db_blocker.unblock():
         for version in w.versions:  # a price on every pool, so the worker bills the job
             PriceRule.objects.get_or_create(  # dear: a seconds-long job must cost whole cents
-                pool=version.dataset.site.pool,
+                pool=version.dataset.site.pools.get(),
                 effective_from=timezone.localdate() - timedelta(days=1),
                 defaults={"price_per_unit": Decimal("500"), "data_credit_rate": Decimal("0.5")},
             )

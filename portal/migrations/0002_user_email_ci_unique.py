@@ -6,7 +6,7 @@ from django.db import migrations
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("portal", "0002_identity_providers"),
+        ("portal", "0001_initial"),
         ("auth", "0012_alter_user_first_name_max_length"),
     ]
 

@@ -1,15 +1,18 @@
 """Airlock: a finished job's model is downloadable only after every participating site's data steward
-(or that dataset's auto-release rule) approves; every decision is audited."""
+(or that dataset's auto-release rule) approves; every decision is audited and a ledger leaf."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from django.urls import reverse
 
-from federation.models import FederatedJob, JobSite, JobStatus
+from accounting.merkle import leaf_hash
+from accounting.models import LedgerEntry
+from federation import services
+from federation.models import FederatedJob, JobSite, JobStatus, ReleaseStatus
 from portal.models import AuditEvent, Membership, ProjectRole, Role
-from sandbox import services
-from sandbox.models import ReleaseStatus
 from tests.factories import DatasetVersionFactory, ProjectFactory, ProjectMemberFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -44,6 +47,14 @@ def world():
     return dict(
         project=project, researcher=researcher, versions=versions, stewards=stewards, job=job
     )
+
+
+def _leaves(kind: str) -> list[dict]:
+    out = []
+    for entry in LedgerEntry.objects.filter(kind=kind).order_by("index"):
+        assert bytes(entry.leaf_hash) == leaf_hash(entry.data.encode())  # RFC 9162 leaf
+        out.append(json.loads(entry.data))
+    return out
 
 
 def _sites(w):
@@ -162,3 +173,31 @@ def test_steward_sees_the_job_but_the_model_is_released_to_the_project_only(clie
     assert download.status_code == 404
     with pytest.raises(services.ReleaseError, match="only members of this job's project"):
         services.release_request(by=world["stewards"][0], job=world["job"])
+
+
+def test_release_decisions_append_ledger_leaves(world):
+    v0, v1 = world["versions"]
+    v0.dataset.auto_release = True
+    v0.dataset.save()
+    job = FederatedJob.objects.create(
+        project=world["project"],
+        submitted_by=world["researcher"],
+        title="done",
+        target_column="label",
+        status=JobStatus.COMPLETED,
+        final_metrics={"model": [[[0.1]], [0.0]], "classes": ["a", "b"]},
+    )
+    for v in (v0, v1):
+        JobSite.objects.create(job=job, site=v.dataset.site, dataset_version=v)
+    release = services.release_request(by=world["researcher"], job=job)
+    services.release_decide(
+        by=world["stewards"][1], release_id=release.pk, site=v1.dataset.site, approve=True
+    )
+    leaves = _leaves("model_release")
+    assert [(x["site"], x["decision"], x["by_rule"], x["by"]) for x in leaves] == [
+        (v0.dataset.site.slug, "approve", True, None),
+        (v1.dataset.site.slug, "approve", False, world["stewards"][1].pk),
+        (None, "approved", False, None),  # the release as a whole
+    ]
+    assert {x["release"] for x in leaves} == {release.pk} and {x["job"] for x in leaves} == {job.pk}
+    assert [e.index for e in LedgerEntry.objects.order_by("index")] == [0, 1, 2]
