@@ -25,7 +25,6 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from accounting.services.ledger import ledger_append
 from federation import scheduler, superlink
 from federation.models import (
     FederatedJob,
@@ -38,6 +37,7 @@ from federation.models import (
     RoundMetric,
     SiteRoundMetric,
 )
+from portal.ledger.services import ledger_append
 from portal.models import Role
 from portal.permissions import can
 from portal.services import audit_record

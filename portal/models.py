@@ -265,3 +265,13 @@ class ProjectInvitation(models.Model):
         from django.utils import timezone
 
         return (at or timezone.now()) >= self.expires_at
+
+
+# The ledger's rows live in portal.ledger.models; imported here so Django registers them in the core.
+from portal.ledger.models import (  # noqa: E402, F401
+    LedgerAppendOnlyError,
+    LedgerCheckpoint,
+    LedgerCosignature,
+    LedgerEntry,
+    LedgerWitness,
+)

@@ -25,6 +25,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from portal.ledger.services import ledger_append
 from portal.services import audit_record
 from sandbox.crypto import associated_data
 from sandbox.ingest import IngestError, ingest_csv, store_key_for
@@ -46,8 +47,6 @@ __all__ = [
 
 def _ledger(kind: str, **record) -> None:
     """Append a ledger leaf (inside the caller's transaction)."""
-    from accounting.services.ledger import ledger_append
-
     ledger_append(kind=kind, record=record)
 
 

@@ -1,7 +1,7 @@
 """Writes of billing: price rules, a job's billing entries, monthly invoices and their closing.
 
 Owns ``PriceRule``, ``BillingEntry`` and ``Invoice`` (``accounting.models``, "Prices and bills").
-Every entry written here is also appended to the ledger (``accounting.services.ledger``) in the
+Every entry written here is also appended to the ledger (``portal.ledger.services``) in the
 same transaction, and each write leaves an audit event (``portal.services.audit_record``).
 
 The rules, in one place (the docstrings below give the details):
@@ -41,8 +41,8 @@ from accounting.models import (
     UsageRecord,
 )
 from accounting.selectors.contribution import whole_run_shares
-from accounting.services.ledger import ledger_append
 from federation.models import FederatedJob, JobStatus
+from portal.ledger.services import ledger_append
 from portal.models import Site
 from portal.services import audit_record
 

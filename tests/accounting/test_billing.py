@@ -12,10 +12,11 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from accounting.models import BillingEntry, Invoice, InvoiceStatus, LedgerEntry, PriceRule
+from accounting.models import BillingEntry, Invoice, InvoiceStatus, PriceRule
 from accounting.services import billing
 from accounting.tasks import invoice_close_task, job_account_task
 from federation.models import JobStatus
+from portal.ledger.models import LedgerEntry
 from portal.models import AuditEvent
 from tests.factories import (
     BillingJobFactory,

@@ -8,10 +8,10 @@ import json
 import pytest
 from django.urls import reverse
 
-from accounting.merkle import leaf_hash
-from accounting.models import LedgerEntry
 from federation import services
 from federation.models import FederatedJob, JobSite, JobStatus, ReleaseStatus
+from portal.ledger.merkle import leaf_hash
+from portal.ledger.models import LedgerEntry
 from portal.models import AuditEvent, Membership, ProjectRole, Role
 from tests.factories import DatasetVersionFactory, ProjectFactory, ProjectMemberFactory, UserFactory
 

@@ -25,12 +25,12 @@ from accounting.models import (
     BillingEntry,
     ContributionScore,
     CreditStatement,
-    LedgerEntry,
     PriceRule,
     UsageRecord,
 )
 from federation import services
 from federation.models import FederatedJob, JobSiteStatus, JobStatus, RoundMetric, SiteRoundMetric
+from portal.ledger.models import LedgerEntry
 from sandbox.keyring import SiteKeyring
 from sandbox.loader import load_table
 from sandbox.storage import FilesystemStore

@@ -563,7 +563,7 @@ ENDPOINTS: list[Endpoint] = [
         for page in ("prices", "billing")
     ),
     *_sandbox_endpoints(),
-    _get("/accounting/ledger/", lambda w: "/accounting/ledger/", SIGNED_IN),  # ids/figures only
+    _get("/ledger/", lambda w: "/ledger/", SIGNED_IN),  # ids/figures only
     _get(
         "/admin/",
         lambda w: "/admin/",

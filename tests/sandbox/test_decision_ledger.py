@@ -11,9 +11,9 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from accounting.merkle import leaf_hash
-from accounting.models import LedgerEntry
 from federation.models import FederatedJob
+from portal.ledger.merkle import leaf_hash
+from portal.ledger.models import LedgerEntry
 from portal.models import Membership, ProjectRole, Role
 from sandbox import services
 from sandbox.models import AccessRequest, AccessStatus

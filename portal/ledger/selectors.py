@@ -1,6 +1,6 @@
 """Reads of the ledger: who may see it, its leaves, checkpoints, proofs, and the full verification.
 
-**The tree behind the proofs.** Proofs are answered from one :class:`accounting.merkle.MerkleTree`
+**The tree behind the proofs.** Proofs are answered from one :class:`portal.ledger.merkle.MerkleTree`
 per process (:func:`ledger_tree`), kept in memory and *extended*, never rebuilt: each call fetches
 only the leaf hashes appended since the last call (``WHERE index >= cached size``), so a request at
 steady state costs one indexed query (the last leaf's index and key) plus O(log n) hashing. The tree caches every complete subtree
@@ -30,15 +30,11 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db.models import QuerySet
 
-from accounting import checkpoint as notes
-from accounting.merkle import MerkleTree, leaf_hash
-from accounting.models import LedgerCheckpoint, LedgerCosignature, LedgerEntry, LedgerWitness
-from accounting.services.ledger import (
-    LedgerError,
-    LedgerIntegrityError,
-    canonical_json,
-    ledger_verifier,
-)
+from portal.ledger import checkpoint as notes
+from portal.ledger.leaves import LedgerError, LedgerIntegrityError, canonical_json
+from portal.ledger.merkle import MerkleTree, leaf_hash
+from portal.ledger.models import LedgerCheckpoint, LedgerCosignature, LedgerEntry, LedgerWitness
+from portal.ledger.signer import ledger_verifier
 from portal.permissions import can
 from portal.selectors import administered_institutions
 

@@ -1,6 +1,6 @@
 """RFC 9162 Merkle tree tests against published vectors (see vectors/README.md for sources).
 
-No expected value in this file is computed by ``accounting.merkle``: roots, node hashes and
+No expected value in this file is computed by ``portal.ledger.merkle``: roots, node hashes and
 proofs come from google/certificate-transparency and transparency-dev/merkle.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from accounting.merkle import (
+from portal.ledger.merkle import (
     EMPTY_ROOT,
     MerkleTree,
     consistency_proof,

@@ -7,76 +7,45 @@ What this module owns:
   PostgreSQL transaction-scoped advisory lock (SQLite serialises writers itself), so indexes are
   dense from 0. Nothing here changes or removes a leaf: the model, its queryset and (on
   PostgreSQL) a trigger refuse it.
-* **The platform's signing key** (:func:`ledger_signer`): an Ed25519 note signer key from
-  ``settings.FRP_LEDGER_SIGNER_KEY``, or from the key file ``settings.FRP_LEDGER_KEY_FILE``, which
-  is created (mode 0600, key named after ``settings.FRP_LEDGER_ORIGIN``) the first time it is needed.
 * **Checkpoints** (:func:`ledger_checkpoint_create`): the tree size and root signed as a C2SP
   checkpoint note (c2sp.org/tlog-checkpoint, c2sp.org/signed-note), at most one per size.
 * **Witnesses and cosignatures** (:func:`ledger_witness_add`, :func:`ledger_checkpoint_cosign`):
   an institution registers a verifier key; a cosigned checkpoint is accepted only if it still
   verifies under the platform key and that key.
 
-Ledger records carry ids and figures only (job, site, institution ids, amounts, scores), never
+The platform's signing key is ``portal.ledger.signer``; the leaf format and the errors are
+``portal.ledger.leaves``. Ledger records carry ids and figures only (job, site, institution ids, amounts, scores), never
 personal data: every signed-in member of an institution may read them.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import tempfile
-import threading
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import (
-    Ed25519PrivateKey,
-    Ed25519PublicKey,
-)
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from accounting import checkpoint as notes
-from accounting.merkle import leaf_hash
-from accounting.models import (
+from portal.ledger import checkpoint as notes
+from portal.ledger.leaves import LedgerError, LedgerIntegrityError, canonical_json
+from portal.ledger.merkle import leaf_hash
+from portal.ledger.models import (
     LedgerCheckpoint,
     LedgerCosignature,
     LedgerEntry,
     LedgerWitness,
 )
+from portal.ledger.selectors import ledger_spot_check, ledger_tree
+from portal.ledger.signer import ledger_signer, ledger_verifier
 from portal.permissions import can
 from portal.services import audit_record
 
 _LOCK_ID = 0x4C454447  # "LEDG": PostgreSQL advisory lock that serialises appends and checkpoints
 _KIND_MAX = LedgerEntry._meta.get_field("kind").max_length
 _BATCH = 2000
-_INSERT_ROWS = (
-    'INSERT INTO accounting_ledgerentry ("index", kind, data, leaf_hash, created_at) VALUES '
-)
+_INSERT_ROWS = 'INSERT INTO portal_ledgerentry ("index", kind, data, leaf_hash, created_at) VALUES '
 # rows per INSERT statement in ledger_append_many
-
-
-class LedgerError(ValueError):
-    """A ledger request that cannot be honoured (bad record, bad note, unknown witness, …)."""
-
-
-class LedgerIntegrityError(LedgerError):
-    """The stored ledger does not match itself (a leaf or checkpoint was changed): run ledger_verify."""
-
-
-def canonical_json(record: dict[str, Any]) -> bytes:
-    """UTF-8 JSON with sorted keys and no insignificant whitespace (the leaf's bytes).
-
-    Raises:
-        TypeError: a value is not JSON-serialisable (pass ``Decimal`` as ``str``).
-        ValueError: a float is NaN or infinite (not JSON).
-    """
-    return json.dumps(
-        record, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode()
 
 
 def _leaf_bytes(kind: str, record: dict[str, Any]) -> bytes:
@@ -100,7 +69,7 @@ def _lock() -> None:
 
 
 def _next_index(cursor) -> int:
-    cursor.execute('SELECT MAX("index") FROM accounting_ledgerentry')
+    cursor.execute('SELECT MAX("index") FROM portal_ledgerentry')
     last = cursor.fetchone()[0]
     return 0 if last is None else last + 1
 
@@ -115,9 +84,9 @@ def _stored(pk: int, index: int, kind: str, data: str, hash_: bytes, now) -> Led
 def ledger_append(*, kind: str, record: dict[str, Any]) -> LedgerEntry:
     """Append ``{"kind": kind, **record}`` as the next leaf; returns the entry (with its index).
 
-    On PostgreSQL one round trip: the function ``accounting_ledger_append`` (migration 0002)
-    takes the ledger's transaction-scoped advisory lock and inserts at ``MAX(index) + 1``. Call
-    it inside the caller's transaction so the leaf commits (or rolls back) with the record it
+    On PostgreSQL one round trip: the function ``portal_ledger_append`` (migration
+    ``portal.0003_ledger_append_only``) takes the ledger's transaction-scoped advisory lock and
+    inserts at ``MAX(index) + 1``. Call it inside the caller's transaction so the leaf commits (or rolls back) with the record it
     describes; the ledger lock is then held until that transaction ends. Elsewhere (SQLite,
     which serialises writers itself) an atomic ``INSERT … SELECT MAX(index) + 1``.
 
@@ -141,16 +110,16 @@ def ledger_append(*, kind: str, record: dict[str, Any]) -> LedgerEntry:
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT new_id, new_index FROM accounting_ledger_append(%s, %s, %s, %s)",
+                "SELECT new_id, new_index FROM portal_ledger_append(%s, %s, %s, %s)",
                 [kind, text, hash_, now],
             )
             pk, index = cursor.fetchone()
     else:
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
-                'INSERT INTO accounting_ledgerentry ("index", kind, data, leaf_hash, created_at) '
+                'INSERT INTO portal_ledgerentry ("index", kind, data, leaf_hash, created_at) '
                 'SELECT COALESCE(MAX("index") + 1, 0), %s, %s, %s, %s '
-                'FROM accounting_ledgerentry RETURNING id, "index"',
+                'FROM portal_ledgerentry RETURNING id, "index"',
                 [kind, text, hash_, now],
             )
             pk, index = cursor.fetchone()
@@ -202,71 +171,6 @@ def ledger_append_many(*, entries: Iterable[tuple[str, dict[str, Any]]]) -> list
     return stored
 
 
-# --- the platform's signing key -----------------------------------------------------------------
-
-_signer_lock = threading.Lock()
-_signer_cache: dict[tuple[str, str], tuple[str, Ed25519PrivateKey]] = {}
-
-
-def _create_key_file(path: Path, origin: str) -> None:
-    """Write a fresh signer key to ``path`` (mode 0600) unless another process got there first."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    skey = notes.encode_signer_key(origin, Ed25519PrivateKey.generate())
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".signer-")  # mkstemp: mode 0600
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(skey + "\n")
-        with contextlib.suppress(FileExistsError):  # the first writer wins
-            os.link(tmp, path)  # atomic, and fails if the file exists
-    finally:
-        os.unlink(tmp)
-
-
-def ledger_signer() -> tuple[str, Ed25519PrivateKey]:
-    """The platform's checkpoint signer: ``(key name, Ed25519 private key)``.
-
-    From ``settings.FRP_LEDGER_SIGNER_KEY`` when set, else from the file
-    ``settings.FRP_LEDGER_KEY_FILE``; the file is created with a new key named after
-    ``settings.FRP_LEDGER_ORIGIN`` (mode 0600, its folder 0700) when it does not exist. Every
-    process that signs or shows the key must see the same key: in a multi-host deployment set
-    ``FRP_LEDGER_SIGNER_KEY`` (or share the file).
-
-    Raises:
-        LedgerError: the configured key (or the file's content) is not a valid note signer key.
-    """
-    skey_setting = settings.FRP_LEDGER_SIGNER_KEY
-    path = Path(settings.FRP_LEDGER_KEY_FILE)
-    cache_key = (skey_setting, str(path))
-    with _signer_lock:
-        cached = _signer_cache.get(cache_key)
-        if cached is not None:
-            return cached
-        source = "FRP_LEDGER_SIGNER_KEY"
-        if not skey_setting:
-            source = str(path)
-            if not path.exists():
-                _create_key_file(path, settings.FRP_LEDGER_ORIGIN)
-            skey_setting = path.read_text().strip()
-        try:
-            signer = notes.decode_signer_key(skey_setting)
-        except notes.CheckpointError as exc:
-            raise LedgerError(f"ledger signer key from {source} is invalid: {exc}") from exc
-        _signer_cache[cache_key] = signer
-        return signer
-
-
-def ledger_verifier() -> tuple[str, Ed25519PublicKey]:
-    """The platform's checkpoint verifier: ``(key name, Ed25519 public key)``."""
-    name, private_key = ledger_signer()
-    return name, private_key.public_key()
-
-
-def ledger_verifier_key() -> str:
-    """The platform's note verifier key ``<name>+<hex key ID>+<base64>`` (publish it)."""
-    name, public_key = ledger_verifier()
-    return notes.encode_verifier_key(name, public_key)
-
-
 # --- checkpoints --------------------------------------------------------------------------------
 
 
@@ -291,11 +195,6 @@ def ledger_checkpoint_create(*, by=None) -> LedgerCheckpoint | None:
             sampled leaf changed.
         LedgerError: the signing key is invalid.
     """
-    from accounting.selectors.ledger import (  # selectors import this module
-        ledger_spot_check,
-        ledger_tree,
-    )
-
     _lock()
     with connection.cursor() as cursor:
         size = _next_index(cursor)

@@ -1,7 +1,7 @@
 """C2SP signed notes and transparency-log checkpoints with Ed25519 (pure, no Django).
 
 This module owns the *signed checkpoint* format of the contribution ledger: the log signs
-``(origin, tree size, root hash)`` of its RFC 9162 Merkle tree (see :mod:`accounting.merkle`)
+``(origin, tree size, root hash)`` of its RFC 9162 Merkle tree (see :mod:`portal.ledger.merkle`)
 as a signed note, and witnesses (other institutions) may cosign it by appending their own
 signature lines.
 

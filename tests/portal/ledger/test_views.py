@@ -8,26 +8,25 @@ import hashlib
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from accounting import checkpoint as notes
-from accounting.merkle import root, verify_consistency, verify_inclusion
-from accounting.models import LedgerCosignature
-from accounting.services.ledger import (
-    canonical_json,
+from portal.ledger import checkpoint as notes
+from portal.ledger.leaves import canonical_json
+from portal.ledger.merkle import root, verify_consistency, verify_inclusion
+from portal.ledger.models import LedgerCosignature
+from portal.ledger.services import (
     ledger_append,
     ledger_append_many,
     ledger_checkpoint_create,
-    ledger_verifier,
-    ledger_verifier_key,
     ledger_witness_add,
 )
+from portal.ledger.signer import ledger_verifier, ledger_verifier_key
 from portal.models import Role
-from tests.accounting.ledger_support import isolated_ledger_key, raw_sql
 from tests.factories import MembershipFactory, UserFactory
+from tests.portal.ledger.support import isolated_ledger_key, raw_sql
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("ledger_key")]
 
 ORIGIN = "portal.example.org/ledger"
-BASE = "/accounting/ledger"
+BASE = "/ledger"
 
 
 @pytest.fixture
@@ -230,12 +229,12 @@ def test_proof_url_refuses_to_serve_a_tree_that_misses_its_checkpoint(client, me
     ledger_checkpoint_create()
     forged = canonical_json({"job": 1, "kind": "charge", "amount": "0.00", "site": 1})
     raw_sql(
-        "UPDATE accounting_ledgerentry SET data = %s, leaf_hash = %s WHERE index = 1",
+        "UPDATE portal_ledgerentry SET data = %s, leaf_hash = %s WHERE index = 1",
         [forged.decode(), hashlib.sha256(b"\x00" + forged).digest()],
     )
     ledger_append(kind="usage", record={"job": 5})  # a new process state: the tree is re-read
 
-    from accounting.selectors import ledger as selectors
+    from portal.ledger import selectors
 
     selectors._cache.tree = selectors.MerkleTree()  # a fresh process: nothing cached yet
     selectors._cache.last_key = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from accounting.selectors.ledger import ledger_verify
+from portal.ledger.selectors import ledger_verify
 
 
 class Command(BaseCommand):

@@ -6,8 +6,8 @@ import contextlib
 
 from django.db import connection
 
-TABLE = "accounting_ledgerentry"
-TRIGGER = "accounting_ledgerentry_append_only"
+TABLE = "portal_ledgerentry"
+TRIGGER = "portal_ledgerentry_append_only"
 
 
 def isolated_ledger_key(settings, tmp_path):

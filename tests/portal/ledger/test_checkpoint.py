@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from accounting.checkpoint import (
+from portal.ledger.checkpoint import (
     Checkpoint,
     CheckpointError,
     checkpoint_body,
@@ -25,7 +25,7 @@ from accounting.checkpoint import (
     sign_note,
     verify_note,
 )
-from accounting.merkle import leaf_hash, root
+from portal.ledger.merkle import leaf_hash, root
 
 VECTORS = json.loads((Path(__file__).parent / "vectors" / "signed_note.json").read_text())
 GO = VECTORS["golang_mod_note_test"]

@@ -19,9 +19,9 @@ from django.http import HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from accounting.models import LedgerCheckpoint, LedgerEntry
-from accounting.selectors import ledger as selectors
-from accounting.services import ledger as services
+from portal.ledger import selectors, services
+from portal.ledger.models import LedgerCheckpoint, LedgerEntry
+from portal.ledger.signer import ledger_verifier_key
 from portal.selectors import administered_institutions
 
 PAGE_SIZE = 50
@@ -80,7 +80,7 @@ def _page_context(request, *, witness_form=None, cosign_form=None) -> dict:
         "checkpoint": checkpoint,
         "checkpoint_note": selectors.ledger_checkpoint_note(checkpoint) if checkpoint else "",
         "cosigners": selectors.ledger_cosigners(checkpoint) if checkpoint else [],
-        "verifier_key": services.ledger_verifier_key(),
+        "verifier_key": ledger_verifier_key(),
         "size": size,
         "uncovered": size - checkpoint.size if checkpoint else size,
         "page_obj": entries,
@@ -97,7 +97,7 @@ def _page_context(request, *, witness_form=None, cosign_form=None) -> dict:
 def ledger_page(request):
     """The ledger: latest checkpoint, the platform's verifier key, leaves newest first."""
     _require_viewer(request)
-    return render(request, "accounting/ledger/ledger.html", _page_context(request))
+    return render(request, "portal/ledger/ledger.html", _page_context(request))
 
 
 @login_required
@@ -119,9 +119,9 @@ def ledger_witness_add(request):
             form.add_error("verifier_key", str(exc))
         else:
             messages.success(request, "Witness key registered.")
-            return redirect("accounting:ledger")
+            return redirect("portal:ledger")
     context = _page_context(request, witness_form=form)
-    return render(request, "accounting/ledger/ledger.html", context, status=400)
+    return render(request, "portal/ledger/ledger.html", context, status=400)
 
 
 @login_required
@@ -140,9 +140,9 @@ def ledger_cosign(request, size: int):
             form.add_error("note", str(exc))
         else:
             messages.success(request, f"Cosignature of checkpoint {size} accepted.")
-            return redirect("accounting:ledger")
+            return redirect("portal:ledger")
     context = _page_context(request, cosign_form=form)
-    return render(request, "accounting/ledger/ledger.html", context, status=400)
+    return render(request, "portal/ledger/ledger.html", context, status=400)
 
 
 @login_required

@@ -10,31 +10,27 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings as django_settings
 from django.db import IntegrityError, connection, transaction
 
-from accounting import checkpoint as notes
-from accounting.merkle import root
-from accounting.models import (
+from portal.ledger import checkpoint as notes
+from portal.ledger.leaves import LedgerError, LedgerIntegrityError, canonical_json
+from portal.ledger.merkle import root
+from portal.ledger.models import (
     LedgerAppendOnlyError,
     LedgerCheckpoint,
     LedgerCosignature,
     LedgerEntry,
 )
-from accounting.services.ledger import (
-    LedgerError,
-    LedgerIntegrityError,
-    canonical_json,
+from portal.ledger.services import (
     ledger_append,
     ledger_append_many,
     ledger_checkpoint_cosign,
     ledger_checkpoint_create,
-    ledger_signer,
-    ledger_verifier,
-    ledger_verifier_key,
     ledger_witness_add,
 )
-from accounting.tasks import ledger_checkpoint_create_task
+from portal.ledger.signer import ledger_signer, ledger_verifier, ledger_verifier_key
 from portal.models import AuditEvent, Role
-from tests.accounting.ledger_support import isolated_ledger_key, raw_sql
+from portal.tasks import ledger_checkpoint_create_task
 from tests.factories import InstitutionFactory, MembershipFactory, UserFactory
+from tests.portal.ledger.support import isolated_ledger_key, raw_sql
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("ledger_key")]
 
@@ -168,9 +164,9 @@ def test_ledger_entry_with_an_existing_pk_is_inserted_not_updated():
 @pytest.mark.parametrize(
     "sql",
     [
-        "UPDATE accounting_ledgerentry SET kind = 'charge'",
-        "UPDATE accounting_ledgerentry SET data = data WHERE false",
-        "DELETE FROM accounting_ledgerentry",
+        "UPDATE portal_ledgerentry SET kind = 'charge'",
+        "UPDATE portal_ledgerentry SET data = data WHERE false",
+        "DELETE FROM portal_ledgerentry",
     ],
 )
 def test_postgresql_trigger_refuses_raw_update_and_delete(sql):
@@ -258,7 +254,7 @@ def test_ledger_checkpoint_create_refuses_to_sign_over_a_changed_leaf():
     ledger_checkpoint_create()
     forged = canonical_json({"job": 999, "kind": "usage"})
     raw_sql(
-        "UPDATE accounting_ledgerentry SET data = %s, leaf_hash = %s WHERE index = 2",
+        "UPDATE portal_ledgerentry SET data = %s, leaf_hash = %s WHERE index = 2",
         [forged.decode(), hashlib.sha256(b"\x00" + forged).digest()],
     )
     ledger_append(kind="usage", record={"job": 5})
@@ -281,7 +277,7 @@ def test_checkpoint_task_signs_once_per_new_size(eager_celery):
 def test_checkpoint_task_is_registered_in_the_beat_schedule():
     from portal.celery import app
 
-    entry = django_settings.CELERY_BEAT_SCHEDULE["accounting-ledger-checkpoint"]
+    entry = django_settings.CELERY_BEAT_SCHEDULE["portal-ledger-checkpoint"]
     assert entry["task"] == ledger_checkpoint_create_task.name
     app.loader.import_default_modules()
     assert entry["task"] in app.tasks
