@@ -7,6 +7,9 @@ class FederationConfig(AppConfig):
     name = "federation"
 
     def ready(self) -> None:
-        from federation import panels
+        from federation import (
+            panels,
+            tasks,  # noqa: F401 — registers the tasks the services send by name
+        )
 
         panels.register()

@@ -1,4 +1,4 @@
-"""Reads of federated jobs, scoped to the user's projects, and of the airlock."""
+"""Reads of federated jobs, scoped to the user's projects, of the airlock, and of the local federation."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from federation.models import (
     RoundMetric,
     SiteRoundMetric,
 )
+from federation.runtime import LocalSite
 from portal.models import Membership, Role, Site
 from portal.selectors import projects_for_user
+from sandbox.sitestore import site_dir
 
 
 def _visible_jobs(user):
@@ -123,3 +125,17 @@ def releases_for_steward(*, user):
         if release.sites_to_decide:
             out.append(release)
     return out
+
+
+def local_sites() -> list[LocalSite]:
+    """Every site registered in the portal that has a local directory (``sandbox.sitestore``):
+    the local federation that ``manage.py federation_up`` starts, one SuperNode per site."""
+    return [
+        LocalSite(
+            site=s.slug,
+            store_url=f"file://{site_dir(s.slug) / 'store'}",
+            keyring=str(site_dir(s.slug) / "keyring"),
+        )
+        for s in Site.objects.order_by("slug")
+        if site_dir(s.slug).exists()
+    ]

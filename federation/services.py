@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import logging
 from datetime import timedelta
-from functools import partial
 from pathlib import Path
 
+from celery import signature
 from django.conf import settings
 from django.db import transaction
 from django.urls import reverse
@@ -37,6 +37,7 @@ from federation.models import (
     RoundMetric,
     SiteRoundMetric,
 )
+from federation.signals import job_finished
 from portal.ledger.services import ledger_append
 from portal.models import Role
 from portal.permissions import can
@@ -47,6 +48,9 @@ log = logging.getLogger(__name__)
 
 MIN_SITES = 2
 STALE_LAUNCH = timedelta(minutes=3)
+#: The Celery task that launches a queued job (``federation.tasks.job_launch_task``), sent by name
+#: so that this module does not import the tasks that import it.
+JOB_LAUNCH_TASK = "federation.job_launch"
 
 
 class JobError(Exception):
@@ -173,10 +177,8 @@ def job_submit(
         institution=project.institution,
         sites=[s.slug for s in sites],
     )
-    from federation.tasks import job_launch_task
-
     # robust: a broker hiccup is logged, not raised; the periodic reconcile launches queued jobs too.
-    transaction.on_commit(partial(job_launch_task.delay, job.pk), robust=True)
+    transaction.on_commit(signature(JOB_LAUNCH_TASK, args=(job.pk,)).delay, robust=True)
     return job
 
 
@@ -557,9 +559,8 @@ def _job_finish(*, job_id: int, run: superlink.RunStatus) -> FederatedJob:
             last_error=f"the job {status}: {job.status_detail}"[:2000],
         )
     audit_record(by=None, action=f"job.{status}", target=job, institution=job.project.institution)
-    from accounting.tasks import job_account_task  # accounting builds on federation, not back
-
-    transaction.on_commit(partial(job_account_task.delay, job.pk))
+    # The floors above (accounting) take the finished job from here, on commit.
+    job_finished.send(sender=FederatedJob, job=job)
     return job
 
 

@@ -13,12 +13,11 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from accounting.selectors import billing as accounting_billing
-from accounting.selectors import contribution as accounting_contribution
 from federation import selectors, services
 from federation.forms import JobSubmitForm
 from federation.models import FederatedJob, ModelRelease, ReleaseStatus
 from federation.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, SignatureError, verify
+from portal import panels
 from portal.models import Site
 from portal.permissions import can
 
@@ -97,29 +96,10 @@ def job_progress(request, pk: int):
     return render(request, "federation/partials/job_progress.html", context)
 
 
-def _job_accounting_json(user, job) -> dict:
-    """Contribution shares and cost once the worker has accounted for the job (else empty)."""
-    if not job.is_terminal:  # nothing is accounted before the end: no queries while it runs
-        return {"method": None, "shares": {}, "cost": None}
-    contribution = accounting_contribution.job_contribution(user=user, job=job)
-    cost = accounting_billing.job_cost(job=job, user=user)
-    return {
-        "method": contribution.rows[0].method if contribution.rows else None,
-        "shares": {r.site.slug: r.share for r in contribution.rows},
-        "cost": None
-        if not cost or not cost["billed"]
-        else {
-            "charged": str(cost["charged"]),
-            "service_units": str(cost["service_units"]),
-            "currency": cost["currency"],
-            "payer": cost["payer"].name,
-        },
-    }
-
-
 @login_required
 def job_progress_json(request, pk: int):
-    """Progress as JSON (chart series, per-site rows) for scripts and the chart."""
+    """Progress as JSON (chart series, per-site rows) for scripts and the chart, plus the sections
+    the floors above add (``portal.panels`` slot ``job_progress``: accounting's ``accounting``)."""
     job = _job_or_404(request, pk)
     progress = selectors.job_progress(job=job)
     return JsonResponse(
@@ -132,7 +112,7 @@ def job_progress_json(request, pk: int):
             "rounds_done": len(progress["rounds"]),
             "chart": progress["chart"],
             "final_metrics": {k: v for k, v in job.final_metrics.items() if k != "model"},
-            "accounting": _job_accounting_json(request.user, job),
+            **panels.sections("job_progress", request=request, job=job),  # accounting's, …
             "sites": [
                 {
                     "site": s.site.slug,

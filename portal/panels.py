@@ -10,9 +10,10 @@ without it, the slot is empty. JSON endpoints do the same with :func:`register_s
 
 Slots (the page that renders them, and what its panels receive):
 
-* ``dashboard.actions``, ``dashboard.stats``, ``dashboard.main`` — the dashboard (``request``);
+* ``dashboard.actions`` (``projects``: the user's), ``dashboard.stats``, ``dashboard.main`` — the
+  dashboard;
 * ``institution.site`` — each site on an institution's *Sites & pools* page (``site``);
-* ``steward_queue`` — the data steward's queue of the sandbox (``request``);
+* ``steward_queue`` — the data steward's queue of the sandbox;
 * ``job_detail`` — the federation's job page (``job``); section ``job_progress`` — its
   ``progress.json`` (``job``).
 """
@@ -63,7 +64,8 @@ def panels_for(slot: str) -> list[Panel]:
 
 def render(slot: str, context: Context, **objects) -> SafeString:
     """Every panel of ``slot`` rendered in ``context`` (the page's template context), as an
-    inclusion tag renders: each template gets its own context plus the page's CSRF token."""
+    inclusion tag renders: each template gets its own context plus the page's CSRF token. Every
+    context function also receives ``request`` (the page's, or ``None``)."""
     request = context.get("request")
     engine = context.template.engine
     parts = []

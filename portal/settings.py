@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "sandbox",
     "federation",
     "accounting",
+    "demo",  # above all four: seeds and drives the demo federation
 ]
 
 MIDDLEWARE = [

@@ -25,8 +25,8 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
+from demo.seed import ingest_site_dataset
 from federation import runtime
-from federation.demo import ingest_site_dataset
 from federation.models import ComputePool
 from portal.models import Institution, ProjectRole, Site
 from portal.services import project_create, project_member_add

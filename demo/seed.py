@@ -20,13 +20,13 @@ from django.utils import timezone
 
 from accounting.services.billing import price_rule_create
 from federation.models import ComputePool
-from federation.runtime import LocalSite
 from portal.models import Institution, Project, Role, Site
 from portal.services import membership_grant, project_create, project_member_add
 from sandbox import demo_data
 from sandbox import services as sandbox_services
 from sandbox.ingest import ingest_csv
 from sandbox.keyring import SiteKeyring
+from sandbox.sitestore import site_dir
 from sandbox.storage import FilesystemStore
 
 DEMO_PASSWORD = "federated-demo-2026"  # noqa: S105 — printed by the run command; demo only
@@ -67,24 +67,6 @@ INSTITUTIONS = (
         "Lakeside data centre node",
     ),
 )
-
-
-def site_dir(site: str) -> Path:
-    """The local site's own directory (store, keyring, incoming files), as the site would hold it."""
-    return settings.FRP_SITES_DIR / site
-
-
-def local_sites() -> list[LocalSite]:
-    """Every site registered in the portal that has a local directory: the local federation."""
-    return [
-        LocalSite(
-            site=s.slug,
-            store_url=f"file://{site_dir(s.slug) / 'store'}",
-            keyring=str(site_dir(s.slug) / "keyring"),
-        )
-        for s in Site.objects.order_by("slug")
-        if site_dir(s.slug).exists()
-    ]
 
 
 def _user(username: str, *, first: str, last: str, domain: str, staff: bool = False):

@@ -2,7 +2,7 @@
 
 from django.core.management.base import BaseCommand
 
-from federation.demo import DEMO_PASSWORD, demo_seed
+from demo.seed import DEMO_PASSWORD, demo_seed
 
 
 class Command(BaseCommand):

@@ -14,7 +14,7 @@ import time
 import requests
 from django.core.management.base import BaseCommand, CommandError
 
-from federation.demo import DEMO_PASSWORD
+from demo.seed import DEMO_PASSWORD
 
 
 def _csrf(html: str) -> str:
