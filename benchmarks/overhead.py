@@ -679,7 +679,8 @@ def main(argv: list[str] | None = None) -> int:
         from django.contrib.auth import get_user_model
         from django.core.management import call_command
 
-        from federation.demo import demo_seed, local_sites
+        from demo.seed import demo_seed
+        from federation.selectors import local_sites
         from sandbox.selectors import usable_versions
 
         step = time.monotonic()

@@ -1,8 +1,8 @@
-"""Django admin for the platform admin: institutions, memberships, projects, audit (read-only)."""
+"""Django admin for the platform admin: institutions, sites, memberships, projects, audit (read-only)."""
 
 from django.contrib import admin
 
-from portal.models import AuditEvent, Institution, Membership, Project, ProjectMember
+from portal.models import AuditEvent, Institution, Membership, Project, ProjectMember, Site
 
 
 @admin.register(Institution)
@@ -10,6 +10,13 @@ class InstitutionAdmin(admin.ModelAdmin):
     list_display = ["name", "slug", "email_domain", "created_at"]
     search_fields = ["name", "slug", "email_domain"]
     prepopulated_fields = {"slug": ["name"]}
+
+
+@admin.register(Site)
+class SiteAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "institution"]
+    list_filter = ["institution"]
+    search_fields = ["slug", "name"]
 
 
 @admin.register(Membership)

@@ -25,12 +25,12 @@ from accounting.models import (
     BillingEntry,
     ContributionScore,
     CreditStatement,
-    LedgerEntry,
     PriceRule,
     UsageRecord,
 )
 from federation import services
 from federation.models import FederatedJob, JobSiteStatus, JobStatus, RoundMetric, SiteRoundMetric
+from portal.ledger.models import LedgerEntry
 from sandbox.keyring import SiteKeyring
 from sandbox.loader import load_table
 from sandbox.storage import FilesystemStore
@@ -73,7 +73,7 @@ def outcome(flower_job_world, django_db_blocker) -> Outcome:
     with django_db_blocker.unblock():
         for version in w.versions:  # a price on every pool, so the worker bills the job
             PriceRule.objects.get_or_create(  # dear: a seconds-long job must cost whole cents
-                pool=version.dataset.site.pool,
+                pool=version.dataset.site.pools.get(),
                 effective_from=timezone.localdate() - timedelta(days=1),
                 defaults={"price_per_unit": Decimal("500"), "data_credit_rate": Decimal("0.5")},
             )
