@@ -31,8 +31,11 @@ t0=$(date +%s)
 step "Installing into .venv (Python: $($PYTHON --version); log: var/logs/install.log)"
 mkdir -p var/logs
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-if ! { .venv/bin/python -m pip install --upgrade pip && .venv/bin/python -m pip install -e .; } \
-    >var/logs/install.log 2>&1; then
+# Progress, not minutes of silence: one line per package pip fetches or builds; the full log is kept.
+if ! { .venv/bin/python -m pip install --upgrade pip && .venv/bin/python -m pip install -e .; } 2>&1 \
+    | tee var/logs/install.log \
+    | { grep --line-buffered -E '^(Collecting|Building|Installing collected|Successfully installed)' \
+        | sed -u -E 's/^(.{0,110}).*/    \1/' || true; }; then
   tail -n 30 var/logs/install.log >&2; echo "install failed (var/logs/install.log)" >&2; exit 1
 fi
 PY=.venv/bin/python

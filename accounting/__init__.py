@@ -1,1 +1,1 @@
-"""Usage, contribution, ledger, billing and credit. Math modules import no Django."""
+"""Usage, contribution, billing and credit of finished jobs. Math modules import no Django."""

@@ -5,3 +5,12 @@ from django.apps import AppConfig
 
 class AccountingConfig(AppConfig):
     name = "accounting"
+
+    def ready(self) -> None:
+        from accounting import panels, receivers
+        from federation.signals import job_finished
+
+        panels.register()
+        job_finished.connect(
+            receivers.job_account_on_commit, dispatch_uid="accounting.job_account_on_commit"
+        )

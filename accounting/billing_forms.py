@@ -8,13 +8,14 @@ from django import forms
 from django.utils import timezone
 
 from accounting.services.billing import billing_currency
+from federation.models import ComputePool
 
 
 class PriceRuleForm(forms.Form):
     """A new price rule for one of the institution's pools, in Slurm TRESBillingWeights style."""
 
     pool = forms.ModelChoiceField(
-        queryset=None, help_text="The compute pool whose sites this price applies to."
+        queryset=None, help_text="The compute pool (of one of your sites) this price applies to."
     )
     effective_from = forms.DateField(
         label="Effective from",
@@ -74,7 +75,11 @@ class PriceRuleForm(forms.Form):
 
     def __init__(self, *args, institution, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["pool"].queryset = institution.pools.order_by("name")
+        self.fields["pool"].queryset = (
+            ComputePool.objects.filter(site__institution=institution)
+            .select_related("site__institution")
+            .order_by("name")
+        )
         currency = billing_currency()
         self.fields["currency"].choices = [(currency, currency)]
         self.fields["currency"].initial = currency

@@ -1,5 +1,5 @@
 """Celery tasks of accounting, thin and idempotent: account for a finished job (usage →
-contribution → bill → credit), close last months' invoices and sign ledger checkpoints.
+contribution → bill → credit) and close last months' invoices.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from accounting.services import billing
 from accounting.services.billing import job_bill
 from accounting.services.contribution import contribution_score_job
 from accounting.services.credit import credit_statement_draft
-from accounting.services.ledger import ledger_checkpoint_create
 from accounting.services.usage import usage_record_job
 
 log = logging.getLogger(__name__)
@@ -51,26 +50,6 @@ def job_account_task(job_id: int) -> dict:
         credit_statement_draft(job=job)
     log.info("accounted for job %s: %s", job_id, done)
     return done
-
-
-@shared_task(
-    name="accounting.ledger_checkpoint_create",
-    acks_late=True,
-    ignore_result=True,
-    soft_time_limit=300,
-    time_limit=330,
-)
-def ledger_checkpoint_create_task() -> int | None:
-    """Periodic: sign a checkpoint of the ledger if it grew since the last one.
-
-    Idempotent: the service takes the ledger lock and writes nothing when the size is unchanged,
-    so a second delivery or an overlapping tick does nothing. Returns the new size, or ``None``.
-    """
-    checkpoint = ledger_checkpoint_create(by=None)
-    if checkpoint is None:
-        return None
-    log.info("ledger checkpoint signed at size %d", checkpoint.size)
-    return checkpoint.size
 
 
 @shared_task(name="accounting.invoice_close", acks_late=True, ignore_result=True)

@@ -65,7 +65,7 @@ from accounting.contribution import (  # noqa: E402
     gtg_shapley,
     leave_one_out,
 )
-from accounting.merkle import (  # noqa: E402
+from portal.ledger.merkle import (  # noqa: E402
     MerkleTree,
     leaf_hash,
     node_hash,
@@ -272,7 +272,8 @@ def _records(count: int, start: int = 0) -> list[tuple[str, dict]]:
 def appends_section(connection, repeats: int = 3) -> None:
     from django.db import transaction
 
-    from accounting.services.ledger import canonical_json, ledger_append, ledger_append_many
+    from portal.ledger.leaves import canonical_json
+    from portal.ledger.services import ledger_append, ledger_append_many
 
     print()
     print("2. Ledger appends on PostgreSQL (real services, fresh database, fsync on)")
@@ -359,9 +360,9 @@ def big_ledger_section(leaves: int) -> None:
 
     from django.core.management import call_command
 
-    from accounting.models import LedgerEntry
-    from accounting.selectors import ledger as selectors
-    from accounting.services.ledger import ledger_append_many, ledger_checkpoint_create
+    from portal.ledger import selectors
+    from portal.ledger.models import LedgerEntry
+    from portal.ledger.services import ledger_append_many, ledger_checkpoint_create
 
     print()
     have = LedgerEntry.objects.count()

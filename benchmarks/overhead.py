@@ -679,8 +679,9 @@ def main(argv: list[str] | None = None) -> int:
         from django.contrib.auth import get_user_model
         from django.core.management import call_command
 
+        from demo.seed import demo_seed
         from federation import callbacks
-        from federation.demo import demo_seed, local_sites
+        from federation.selectors import local_sites
         from sandbox.selectors import usable_versions
 
         step = time.monotonic()

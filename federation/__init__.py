@@ -1,1 +1,1 @@
-"""Sites, compute pools, federated jobs, the scheduler and the Flower boundary."""
+"""Compute pools, federated jobs, the scheduler, the Flower boundary and the airlock."""

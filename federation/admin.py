@@ -1,21 +1,16 @@
-"""Django admin for sites, pools and jobs."""
+"""Django admin for compute pools and jobs."""
 
 from django.contrib import admin
 
-from federation.models import ComputePool, FederatedJob, JobSite, RoundMetric, Site
+from federation.models import ComputePool, FederatedJob, JobSite, RoundMetric
+from portal.admin import SafeAutocompleteAdmin
 
 
 @admin.register(ComputePool)
-class ComputePoolAdmin(admin.ModelAdmin):
-    list_display = ["name", "institution", "slots"]
-    list_filter = ["institution"]
-
-
-@admin.register(Site)
-class SiteAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "institution", "pool"]
-    list_filter = ["institution"]
-    search_fields = ["slug", "name"]
+class ComputePoolAdmin(SafeAutocompleteAdmin):
+    list_display = ["name", "site", "slots"]
+    list_filter = ["site__institution"]
+    autocomplete_fields = ["site"]
 
 
 class JobSiteInline(admin.TabularInline):

@@ -5,3 +5,11 @@ from django.apps import AppConfig
 
 class FederationConfig(AppConfig):
     name = "federation"
+
+    def ready(self) -> None:
+        from federation import (
+            panels,
+            tasks,  # noqa: F401 — registers the tasks the services send by name
+        )
+
+        panels.register()

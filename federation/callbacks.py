@@ -1,4 +1,4 @@
-"""The portal's half of the ServerApp callback credential (ADR 0013).
+"""The portal's half of the ServerApp callback credential (ADR 0014).
 
 The platform callback key is read from ``settings.FRP_CALLBACK_KEY``, else from the file
 ``settings.FRP_CALLBACK_KEY_FILE``, which the embedded default creates on first use (mode 0600 in a

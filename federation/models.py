@@ -1,15 +1,19 @@
-"""Sites, compute pools, federated jobs, per-site participation and round metrics."""
+"""Compute pools, federated jobs, per-site participation, round metrics and the airlock.
+
+Sites are the core's (``portal.models.Site``): a pool belongs to a site, a job runs at sites.
+"""
 
 from django.conf import settings
 from django.db import models
 
 
 class ComputePool(models.Model):
-    """An institution's compute capacity that runs SuperNode work, with a slot capacity."""
+    """Compute capacity of a site that runs SuperNode work, with a slot capacity.
 
-    institution = models.ForeignKey(
-        "portal.Institution", on_delete=models.CASCADE, related_name="pools"
-    )
+    A pool belongs to one site (``site.pools``); a site may have several pools.
+    """
+
+    site = models.ForeignKey("portal.Site", on_delete=models.CASCADE, related_name="pools")
     name = models.CharField(max_length=100)
     slots = models.PositiveIntegerField(
         default=1, help_text="How many federated jobs may train here at the same time."
@@ -17,32 +21,19 @@ class ComputePool(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["institution__name", "name"]
+        ordering = ["site__institution__name", "name"]
         constraints = [
-            models.UniqueConstraint(fields=["institution", "name"], name="pool_unique_name"),
+            models.UniqueConstraint(fields=["site", "name"], name="pool_unique_name"),
             models.CheckConstraint(condition=models.Q(slots__gte=1), name="pool_slots_gte_1"),
         ]
 
     def __str__(self) -> str:
-        return f"{self.name} ({self.institution.slug})"
+        return f"{self.name} ({self.site.institution.slug})"
 
-
-class Site(models.Model):
-    """One Flower SuperNode of an institution, beside that institution's data sandbox."""
-
-    institution = models.ForeignKey(
-        "portal.Institution", on_delete=models.CASCADE, related_name="sites"
-    )
-    pool = models.ForeignKey(ComputePool, on_delete=models.PROTECT, related_name="sites")
-    slug = models.SlugField(unique=True, help_text="The site id the SuperNode reports.")
-    name = models.CharField(max_length=200)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["slug"]
-
-    def __str__(self) -> str:
-        return self.name
+    @property
+    def institution(self):
+        """The institution of the pool's site (which lends the pool and is paid for it)."""
+        return self.site.institution
 
 
 class JobStatus(models.TextChoices):
@@ -63,7 +54,7 @@ class JobStatus(models.TextChoices):
 
 
 def _new_callback_token() -> str:
-    """Referenced by migration 0001 only (the callback token left the run config: ADR 0013)."""
+    """Referenced by migration 0001 only (the callback token left the run config: ADR 0014)."""
     import secrets
 
     return secrets.token_hex(32)
@@ -133,7 +124,7 @@ class JobSite(models.Model):
     """One site's participation in a job, with the dataset version it trains on."""
 
     job = models.ForeignKey(FederatedJob, on_delete=models.CASCADE, related_name="sites")
-    site = models.ForeignKey(Site, on_delete=models.PROTECT, related_name="job_sites")
+    site = models.ForeignKey("portal.Site", on_delete=models.PROTECT, related_name="job_sites")
     dataset_version = models.ForeignKey(
         "sandbox.DatasetVersion", on_delete=models.PROTECT, related_name="job_sites"
     )
@@ -204,3 +195,55 @@ class SiteRoundMetric(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_site} round {self.round}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Airlock: model release
+# ---------------------------------------------------------------------------------------------
+
+
+class ReleaseStatus(models.TextChoices):
+    PENDING = "pending", "Awaiting stewards"
+    APPROVED = "approved", "Released"
+    REFUSED = "refused", "Refused"
+
+
+class ModelRelease(models.Model):
+    """The airlock: a finished job's model leaves only when every participating site approves."""
+
+    job = models.OneToOneField(FederatedJob, on_delete=models.CASCADE, related_name="release")
+    status = models.CharField(
+        max_length=16, choices=ReleaseStatus.choices, default=ReleaseStatus.PENDING
+    )
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"release of {self.job} ({self.status})"
+
+
+class ReleaseDecision(models.Model):
+    """One site's airlock decision, by its data steward or by the dataset's auto-release rule."""
+
+    release = models.ForeignKey(ModelRelease, on_delete=models.CASCADE, related_name="decisions")
+    site = models.ForeignKey("portal.Site", on_delete=models.PROTECT, related_name="+")
+    approve = models.BooleanField()
+    by_rule = models.BooleanField(default=False)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    reason = models.TextField(blank=True)
+    decided_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["release", "site"], name="release_one_decision_per_site"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.site} {'approves' if self.approve else 'refuses'} {self.release}"

@@ -3,7 +3,7 @@
 Each process gets its own ``FLWR_HOME`` and a free loopback port; each SuperNode is told its site id,
 its store URL and its keyring directory through ``--node-config`` (so the ClientApp opens only that
 site's data). Only the SuperLink gets the environment its ServerApps sign callbacks with
-(``superlink_env``, ADR 0013): the callback key's variables are removed from every SuperNode's
+(``superlink_env``, ADR 0014): the callback key's variables are removed from every SuperNode's
 environment. Every process runs with umask 077, so the SuperLink's database, the homes and the logs
 are 0600 files in 0700 folders. The state file (``<root>/federation.json``) records pids, ports and log files so other
 processes (the portal, tests, benchmarks) can find and stop it. Imports no Django.

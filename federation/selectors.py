@@ -1,12 +1,21 @@
-"""Reads of federated jobs, scoped to the user's projects."""
+"""Reads of federated jobs, scoped to the user's projects, of the airlock, and of the local federation."""
 
 from __future__ import annotations
 
 from django.db.models import Count, Prefetch, Q
 
-from federation.models import FederatedJob, JobSite, RoundMetric, SiteRoundMetric
-from portal.models import Membership, Role
+from federation.models import (
+    FederatedJob,
+    JobSite,
+    ModelRelease,
+    ReleaseStatus,
+    RoundMetric,
+    SiteRoundMetric,
+)
+from federation.runtime import LocalSite
+from portal.models import Membership, Role, Site
 from portal.selectors import projects_for_user
+from sandbox.sitestore import site_dir
 
 
 def _visible_jobs(user):
@@ -89,3 +98,44 @@ def release_waiting_sites(*, job: FederatedJob, release) -> list:
         return []
     decided = set(release.decisions.values_list("site_id", flat=True))
     return [js.site for js in job.sites.select_related("site") if js.site_id not in decided]
+
+
+def releases_for_steward(*, user):
+    """Pending model releases with a participating site of an institution where ``user`` stewards,
+    each with ``sites_to_decide``: that steward's sites that have not decided yet."""
+    my_sites = set(
+        Site.objects.filter(
+            institution__memberships__user=user, institution__memberships__role=Role.DATA_STEWARD
+        ).values_list("pk", flat=True)
+    )
+    releases = (
+        ModelRelease.objects.filter(status=ReleaseStatus.PENDING, job__sites__site__in=my_sites)
+        .select_related("job__project", "requested_by")
+        .prefetch_related("decisions", "job__sites__site")
+        .distinct()
+    )
+    out = []
+    for release in releases:
+        decided = {d.site_id for d in release.decisions.all()}
+        release.sites_to_decide = [
+            js.site
+            for js in release.job.sites.all()
+            if js.site_id in my_sites and js.site_id not in decided
+        ]
+        if release.sites_to_decide:
+            out.append(release)
+    return out
+
+
+def local_sites() -> list[LocalSite]:
+    """Every site registered in the portal that has a local directory (``sandbox.sitestore``):
+    the local federation that ``manage.py federation_up`` starts, one SuperNode per site."""
+    return [
+        LocalSite(
+            site=s.slug,
+            store_url=f"file://{site_dir(s.slug) / 'store'}",
+            keyring=str(site_dir(s.slug) / "keyring"),
+        )
+        for s in Site.objects.order_by("slug")
+        if site_dir(s.slug).exists()
+    ]

@@ -1,4 +1,5 @@
-"""Writes of federated jobs: submit, launch, record callbacks, reconcile with the SuperLink, stop.
+"""Writes of federated jobs: submit, launch, record callbacks, reconcile with the SuperLink, stop,
+and the airlock (a finished job's model release).
 
 State machine (``JobStatus``), all transitions here::
 
@@ -15,9 +16,9 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
-from functools import partial
 from pathlib import Path
 
+from celery import signature
 from django.conf import settings
 from django.db import transaction
 from django.urls import reverse
@@ -29,10 +30,16 @@ from federation.models import (
     JobSite,
     JobSiteStatus,
     JobStatus,
+    ModelRelease,
+    ReleaseDecision,
+    ReleaseStatus,
     RoundMetric,
     SiteRoundMetric,
 )
+from federation.signals import job_finished
 from frp_flwr import contract
+from portal.ledger.services import ledger_append
+from portal.models import Role
 from portal.permissions import can
 from portal.services import audit_record
 from sandbox import selectors as sandbox_selectors
@@ -41,6 +48,9 @@ log = logging.getLogger(__name__)
 
 MIN_SITES = 2
 STALE_LAUNCH = timedelta(minutes=3)
+#: The Celery task that launches a queued job (``federation.tasks.job_launch_task``), sent by name
+#: so that this module does not import the tasks that import it.
+JOB_LAUNCH_TASK = "federation.job_launch"
 
 
 class JobError(Exception):
@@ -167,10 +177,8 @@ def job_submit(
         institution=project.institution,
         sites=[s.slug for s in sites],
     )
-    from federation.tasks import job_launch_task
-
     # robust: a broker hiccup is logged, not raised; the periodic reconcile launches queued jobs too.
-    transaction.on_commit(partial(job_launch_task.delay, job.pk), robust=True)
+    transaction.on_commit(signature(JOB_LAUNCH_TASK, args=(job.pk,)).delay, robust=True)
     return job
 
 
@@ -538,9 +546,8 @@ def _job_finish(*, job_id: int, run: superlink.RunStatus) -> FederatedJob:
             last_error=f"the job {status}: {job.status_detail}"[:2000],
         )
     audit_record(by=None, action=f"job.{status}", target=job, institution=job.project.institution)
-    from accounting.tasks import job_account_task  # accounting builds on federation, not back
-
-    transaction.on_commit(partial(job_account_task.delay, job.pk))
+    # The floors above (accounting) take the finished job from here, on commit.
+    job_finished.send(sender=FederatedJob, job=job)
     return job
 
 
@@ -570,3 +577,128 @@ def job_stop(*, by, job_id: int) -> FederatedJob:
             job.status_detail = f"stop requested by {by}"
             job.save(update_fields=["status_detail"])
     return job
+
+
+# ---------------------------------------------------------------------------------------------
+# Airlock: model release
+# ---------------------------------------------------------------------------------------------
+
+
+class ReleaseError(Exception):
+    """A model release cannot be requested or decided; the message says why."""
+
+
+def _ledger(kind: str, **record) -> None:
+    """Append a ledger leaf (inside the caller's transaction)."""
+    ledger_append(kind=kind, record=record)
+
+
+def _release_settle(release) -> None:
+    """Approve when every participating site approved; refuse on the first refusal."""
+    sites = {js.site_id for js in release.job.sites.all()}
+    decisions = {d.site_id: d.approve for d in release.decisions.all()}
+    if any(approve is False for approve in decisions.values()):
+        release.status = ReleaseStatus.REFUSED
+    elif sites and sites <= set(decisions):
+        release.status = ReleaseStatus.APPROVED
+    else:
+        return
+    release.decided_at = timezone.now()
+    release.save(update_fields=["status", "decided_at"])
+    audit_record(
+        by=None,
+        action=f"release.{release.status}",
+        target=release,
+        institution=release.job.project.institution,
+    )
+    _ledger(
+        "model_release",
+        release=release.pk,
+        job=release.job_id,
+        site=None,
+        decision=str(release.status),
+        by=None,
+        by_rule=False,
+        time=release.decided_at.isoformat(),
+    )
+
+
+def _ledger_release_decision(decision) -> None:
+    """The ledger leaf of one site's airlock decision (by its steward or by the dataset's rule)."""
+    _ledger(
+        "model_release",
+        release=decision.release_id,
+        job=decision.release.job_id,
+        site=decision.site.slug,
+        decision="approve" if decision.approve else "refuse",
+        by=decision.decided_by_id,
+        by_rule=decision.by_rule,
+        time=decision.decided_at.isoformat(),
+    )
+
+
+@transaction.atomic
+def release_request(*, by, job):
+    """A project member asks to take a COMPLETED job's model out; sites with an auto-release rule
+    on their dataset approve at once, the others wait for their data steward. Idempotent."""
+    if not can(by, "project.view", job.project):
+        raise ReleaseError("only members of this job's project may ask for its model")
+    if job.status != JobStatus.COMPLETED or not job.final_metrics.get("model"):
+        raise ReleaseError("only a completed job with a final model can be released")
+    release, created = ModelRelease.objects.get_or_create(job=job, defaults={"requested_by": by})
+    if not created:
+        return release
+    audit_record(
+        by=by, action="release.request", target=release, institution=job.project.institution
+    )
+    for js in job.sites.select_related("dataset_version__dataset", "site"):
+        if js.dataset_version.dataset.auto_release:
+            decision = ReleaseDecision.objects.create(
+                release=release,
+                site=js.site,
+                approve=True,
+                by_rule=True,
+                reason="the dataset's auto-release rule",
+            )
+            _ledger_release_decision(decision)
+            audit_record(
+                by=None,
+                action="release.approve_by_rule",
+                target=release,
+                institution=js.site.institution,
+                site=js.site.slug,
+            )
+    _release_settle(release)
+    return release
+
+
+@transaction.atomic
+def release_decide(*, by, release_id: int, site, approve: bool, reason: str = ""):
+    """A data steward of ``site``'s institution approves or refuses (with a reason) the release."""
+    release = (
+        ModelRelease.objects.select_for_update().select_related("job__project").get(pk=release_id)
+    )
+    if not release.job.sites.filter(site=site).exists():
+        raise ReleaseError("this site did not take part in the job")
+    if not by.memberships.filter(institution=site.institution, role=Role.DATA_STEWARD).exists():
+        raise ReleaseError("only a data steward of the site's institution decides")
+    if release.status != ReleaseStatus.PENDING:
+        raise ReleaseError(f"the release is already {release.get_status_display().lower()}")
+    if not approve and not reason.strip():
+        raise ReleaseError("give a reason for the refusal")
+    if release.decisions.filter(site=site).exists():
+        raise ReleaseError("this site has already decided")
+    decision = ReleaseDecision.objects.create(
+        release=release, site=site, approve=approve, decided_by=by, reason=reason.strip()
+    )
+    _ledger_release_decision(decision)
+    audit_record(
+        by=by,
+        action="release.approve" if approve else "release.refuse",
+        target=release,
+        institution=site.institution,
+        site=site.slug,
+        reason=reason.strip(),
+    )
+    _release_settle(release)
+    return release

@@ -13,7 +13,7 @@ RECONCILE_BATCH = 50
 log = logging.getLogger(__name__)
 
 
-@shared_task(name="federation.job_launch", acks_late=True)
+@shared_task(name=services.JOB_LAUNCH_TASK, acks_late=True)
 def job_launch_task(job_id: int) -> None:
     """Admit and submit one queued job (no-op unless it is QUEUED)."""
     services.job_launch(job_id=job_id)

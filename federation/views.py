@@ -1,4 +1,5 @@
-"""Views of federated jobs: list, submit form, detail with live progress, stop, ServerApp callback."""
+"""Views of federated jobs: list, submit form, detail with live progress, stop, ServerApp callback,
+and the airlock (release request, a steward's decision, the released model)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,14 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from accounting.selectors import billing as accounting_billing
-from accounting.selectors import contribution as accounting_contribution
 from federation import callbacks, selectors, services
 from federation.forms import JobSubmitForm
-from federation.models import FederatedJob
+from federation.models import FederatedJob, ModelRelease, ReleaseStatus
 from frp_flwr import contract
 from frp_flwr.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, SignatureError, verify
+from portal import panels
+from portal.models import Site
 from portal.permissions import can
-from sandbox import services as sandbox_services
-from sandbox.models import ReleaseStatus
 
 
 @login_required
@@ -96,29 +95,10 @@ def job_progress(request, pk: int):
     return render(request, "federation/partials/job_progress.html", context)
 
 
-def _job_accounting_json(user, job) -> dict:
-    """Contribution shares and cost once the worker has accounted for the job (else empty)."""
-    if not job.is_terminal:  # nothing is accounted before the end: no queries while it runs
-        return {"method": None, "shares": {}, "cost": None}
-    contribution = accounting_contribution.job_contribution(user=user, job=job)
-    cost = accounting_billing.job_cost(job=job, user=user)
-    return {
-        "method": contribution.rows[0].method if contribution.rows else None,
-        "shares": {r.site.slug: r.share for r in contribution.rows},
-        "cost": None
-        if not cost or not cost["billed"]
-        else {
-            "charged": str(cost["charged"]),
-            "service_units": str(cost["service_units"]),
-            "currency": cost["currency"],
-            "payer": cost["payer"].name,
-        },
-    }
-
-
 @login_required
 def job_progress_json(request, pk: int):
-    """Progress as JSON (chart series, per-site rows) for scripts and the chart."""
+    """Progress as JSON (chart series, per-site rows) for scripts and the chart, plus the sections
+    the floors above add (``portal.panels`` slot ``job_progress``: accounting's ``accounting``)."""
     job = _job_or_404(request, pk)
     progress = selectors.job_progress(job=job)
     return JsonResponse(
@@ -131,7 +111,7 @@ def job_progress_json(request, pk: int):
             "rounds_done": len(progress["rounds"]),
             "chart": progress["chart"],
             "final_metrics": {k: v for k, v in job.final_metrics.items() if k != "model"},
-            "accounting": _job_accounting_json(request.user, job),
+            **panels.sections("job_progress", request=request, job=job),  # accounting's, …
             "sites": [
                 {
                     "site": s.site.slug,
@@ -170,8 +150,8 @@ def job_release_request(request, pk: int):
     """Ask the participating sites' stewards to let the final model out (airlock)."""
     job = _job_or_404(request, pk)
     try:
-        sandbox_services.release_request(by=request.user, job=job)
-    except sandbox_services.ReleaseError as exc:
+        services.release_request(by=request.user, job=job)
+    except services.ReleaseError as exc:
         messages.error(request, str(exc))
     else:
         messages.info(request, "Release requested from the participating sites' data stewards.")
@@ -247,3 +227,29 @@ def job_callback(request, pk: int):
     except services.JobError as exc:
         return _refuse(409, str(exc))
     return JsonResponse(answer.to_json())
+
+
+@login_required
+@require_POST
+def release_decide(request, pk: int):
+    """A data steward approves or refuses a model release for one of their sites (airlock)."""
+    release = get_object_or_404(ModelRelease, pk=pk)
+    site_id = request.POST.get("site", "")
+    if not site_id.isdigit():  # a junk id is "no such site", not a 500
+        raise Http404("No such site")
+    site = get_object_or_404(Site, pk=int(site_id), job_sites__job=release.job)
+    if not can(request.user, "access.decide", site):
+        raise Http404("No such release")  # only the participating sites' stewards see it
+    try:
+        services.release_decide(
+            by=request.user,
+            release_id=pk,
+            site=site,
+            approve=request.POST.get("decision") == "approve",
+            reason=request.POST.get("reason", ""),
+        )
+    except services.ReleaseError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, "Airlock decision recorded.")
+    return redirect("sandbox:steward_queue")

@@ -1,4 +1,5 @@
-"""The portal's Django project and shared core: institutions, memberships, projects, audit."""
+"""The portal's Django project and shared core: institutions, sites, memberships, projects,
+audit, the ledger."""
 
 from portal.celery import app as celery_app
 

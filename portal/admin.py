@@ -1,4 +1,5 @@
-"""Django admin for the platform admin: institutions, memberships, projects, users, audit (read-only).
+"""Django admin for the platform admin: institutions, sites, memberships, projects, users, audit
+(read-only).
 
 Two guards against 500s on bad input (issue 9, finding 7): autocomplete widgets drop submitted
 values that are not valid keys before they query (Django's widget filters the related table with
@@ -14,7 +15,7 @@ from django.contrib.auth.admin import UserAdmin
 from django.contrib.auth.forms import UserChangeForm
 from django.core.exceptions import ValidationError
 
-from portal.models import AuditEvent, Institution, Membership, Project, ProjectMember
+from portal.models import AuditEvent, Institution, Membership, Project, ProjectMember, Site
 
 
 class _SafeAutocompleteMixin:
@@ -64,6 +65,13 @@ class InstitutionAdmin(admin.ModelAdmin):
     list_display = ["name", "slug", "email_domain", "created_at"]
     search_fields = ["name", "slug", "email_domain"]
     prepopulated_fields = {"slug": ["name"]}
+
+
+@admin.register(Site)
+class SiteAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "institution"]
+    list_filter = ["institution"]
+    search_fields = ["slug", "name"]
 
 
 @admin.register(Membership)

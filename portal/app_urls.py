@@ -1,6 +1,6 @@
-"""URLs of the portal core: dashboard, SSO discovery, institution admin pages."""
+"""URLs of the portal core: dashboard, SSO discovery, projects, institution admin pages, the ledger."""
 
-from django.urls import path
+from django.urls import include, path
 
 from portal.views import dashboard, institution, projects, sso
 
@@ -36,4 +36,5 @@ urlpatterns = [
     ),
     path("institutions/<slug:slug>/sites/", institution.sites, name="institution_sites"),
     path("institutions/<slug:slug>/audit/", institution.audit, name="institution_audit"),
+    path("ledger/", include("portal.ledger.urls")),
 ]

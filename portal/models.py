@@ -1,4 +1,5 @@
-"""Core models: institutions, memberships with roles, cross-institution projects, audit events."""
+"""Core models: institutions, their sites, memberships with roles, cross-institution projects,
+audit events (and, in ``portal.ledger.models``, the ledger)."""
 
 from django.conf import settings
 from django.db import models
@@ -52,6 +53,23 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} — {self.get_role_display()} at {self.institution}"
+
+
+class Site(models.Model):
+    """An institution's place in the federation: one Flower SuperNode beside that institution's
+    data sandbox. Datasets (``sandbox``) and jobs (``federation``) live at sites; a site's compute
+    pools belong to the federation (``federation.ComputePool.site``)."""
+
+    institution = models.ForeignKey(Institution, on_delete=models.CASCADE, related_name="sites")
+    slug = models.SlugField(unique=True, help_text="The site id the SuperNode reports.")
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class Project(models.Model):
@@ -247,3 +265,13 @@ class ProjectInvitation(models.Model):
         from django.utils import timezone
 
         return (at or timezone.now()) >= self.expires_at
+
+
+# The ledger's rows live in portal.ledger.models; imported here so Django registers them in the core.
+from portal.ledger.models import (  # noqa: E402, F401
+    LedgerAppendOnlyError,
+    LedgerCheckpoint,
+    LedgerCosignature,
+    LedgerEntry,
+    LedgerWitness,
+)

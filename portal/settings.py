@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "sandbox",
     "federation",
     "accounting",
+    "demo",  # above all four: seeds and drives the demo federation
 ]
 
 MIDDLEWARE = [
@@ -181,8 +182,8 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": crontab(minute=17),
         "options": {"expires": 3000},
     },
-    "accounting-ledger-checkpoint": {
-        "task": "accounting.ledger_checkpoint_create",
+    "portal-ledger-checkpoint": {
+        "task": "portal.ledger_checkpoint_create",
         "schedule": _LEDGER_CHECKPOINT_SECONDS,
         "options": {"expires": _LEDGER_CHECKPOINT_SECONDS},
     },
@@ -199,7 +200,7 @@ FRP_FEDERATION_NAME = env.str("FRP_FEDERATION_NAME", default="local")
 FRP_FLWR_APP_DIR = BASE_DIR / "federation" / "flwr_app"
 # The URL the ServerApp posts round metrics to (signed, see federation/callbacks.py).
 FRP_CALLBACK_BASE_URL = env.str("FRP_CALLBACK_BASE_URL", default="http://127.0.0.1:8000")
-# The platform callback key (ADR 0013): held by the portal and the SuperLink's environment only.
+# The platform callback key (ADR 0014): held by the portal and the SuperLink's environment only.
 # Empty: the key file below, created (mode 0600, folder 0700) on first use.
 FRP_CALLBACK_KEY = env.str("FRP_CALLBACK_KEY", default="")
 FRP_CALLBACK_KEY_FILE = Path(
@@ -219,7 +220,7 @@ FRP_REPLY_LOG_DIR = env.str("FRP_REPLY_LOG_DIR", default="")
 # The local federation: one SuperNode per site, each with its own store and keyring.
 FRP_SITES_DIR = Path(env.str("FRP_SITES_DIR", default=str(VAR_DIR / "sites")))
 
-# --- Ledger (accounting) ------------------------------------------------------------------------
+# --- Ledger (portal.ledger) ---------------------------------------------------------------------
 # The log's origin line in its checkpoints (c2sp.org/tlog-checkpoint); default: <first host>/ledger.
 _LEDGER_HOST = next((h for h in ALLOWED_HOSTS if h[:1] not in {"", ".", "*", "["}), "localhost")
 FRP_LEDGER_ORIGIN = env.str("FRP_LEDGER_ORIGIN", default=f"{_LEDGER_HOST}/ledger")

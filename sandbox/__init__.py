@@ -1,1 +1,1 @@
-"""Site-side data sandbox: encrypted datasets, access grants, airlock. Site-side modules import no Django."""
+"""Site-side data sandbox: encrypted datasets, ingest, access grants. Site-side modules import no Django."""

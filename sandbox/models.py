@@ -7,7 +7,7 @@ from django.db import models
 class Dataset(models.Model):
     """A dataset held at one site, registered by that institution's data steward."""
 
-    site = models.ForeignKey("federation.Site", on_delete=models.PROTECT, related_name="datasets")
+    site = models.ForeignKey("portal.Site", on_delete=models.PROTECT, related_name="datasets")
     slug = models.SlugField()
     title = models.CharField(max_length=200)
     description = models.TextField(blank=True)
@@ -126,52 +126,3 @@ class AccessRequest(models.Model):
 
     def __str__(self) -> str:
         return f"{self.project} → {self.dataset} ({self.status})"
-
-
-class ReleaseStatus(models.TextChoices):
-    PENDING = "pending", "Awaiting stewards"
-    APPROVED = "approved", "Released"
-    REFUSED = "refused", "Refused"
-
-
-class ModelRelease(models.Model):
-    """The airlock: a finished job's model leaves only when every participating site approves."""
-
-    job = models.OneToOneField(
-        "federation.FederatedJob", on_delete=models.CASCADE, related_name="release"
-    )
-    status = models.CharField(
-        max_length=16, choices=ReleaseStatus.choices, default=ReleaseStatus.PENDING
-    )
-    requested_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
-    decided_at = models.DateTimeField(null=True, blank=True)
-
-    def __str__(self) -> str:
-        return f"release of {self.job} ({self.status})"
-
-
-class ReleaseDecision(models.Model):
-    """One site's airlock decision, by its data steward or by the dataset's auto-release rule."""
-
-    release = models.ForeignKey(ModelRelease, on_delete=models.CASCADE, related_name="decisions")
-    site = models.ForeignKey("federation.Site", on_delete=models.PROTECT, related_name="+")
-    approve = models.BooleanField()
-    by_rule = models.BooleanField(default=False)
-    decided_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    reason = models.TextField(blank=True)
-    decided_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(
-                fields=["release", "site"], name="release_one_decision_per_site"
-            )
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.site} {'approves' if self.approve else 'refuses'} {self.release}"

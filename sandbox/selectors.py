@@ -66,42 +66,10 @@ def steward_requests(*, user, status: str | None = None):
     return qs.distinct().order_by("-created_at")
 
 
-def releases_for_steward(*, user):
-    """Pending model releases with a participating site of an institution where ``user`` stewards,
-    each with ``sites_to_decide``: that steward's sites that have not decided yet."""
-    from federation.models import Site
-    from portal.models import Role
-    from sandbox.models import ModelRelease, ReleaseStatus
-
-    my_sites = set(
-        Site.objects.filter(
-            institution__memberships__user=user, institution__memberships__role=Role.DATA_STEWARD
-        ).values_list("pk", flat=True)
-    )
-    releases = (
-        ModelRelease.objects.filter(status=ReleaseStatus.PENDING, job__sites__site__in=my_sites)
-        .select_related("job__project", "requested_by")
-        .prefetch_related("decisions", "job__sites__site")
-        .distinct()
-    )
-    out = []
-    for release in releases:
-        decided = {d.site_id for d in release.decisions.all()}
-        release.sites_to_decide = [
-            js.site
-            for js in release.job.sites.all()
-            if js.site_id in my_sites and js.site_id not in decided
-        ]
-        if release.sites_to_decide:
-            out.append(release)
-    return out
-
-
 def upload_sites(*, user):
     """Sites where ``user`` may upload datasets: a data steward of the site's institution, and the
     site runs beside the portal (``sandbox.sitestore.local_site_storage``). A queryset."""
-    from federation.models import Site
-    from portal.models import Role
+    from portal.models import Role, Site
     from sandbox.sitestore import local_site_storage
 
     stewarded = Site.objects.filter(

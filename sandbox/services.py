@@ -1,9 +1,9 @@
-"""Writes of the sandbox: dataset ingest and registration (metadata only), site key rotation,
-access decisions and airlock releases.
+"""Writes of the sandbox: dataset ingest and registration (metadata only), site key rotation and
+access decisions.
 
-Access decisions (approve, refuse, revoke) and model-release decisions each append a leaf to the
-portal's ledger (``accounting.services.ledger.ledger_append``) in the same transaction as the
-decision, so the Merkle log and the database never disagree.
+Access decisions (approve, refuse, revoke) each append a leaf to the portal's ledger
+(``portal.ledger.services.ledger_append``) in the same transaction as the decision, so the Merkle
+log and the database never disagree.
 
 Ingest and key rotation touch a site's object store, which no database transaction covers; they are
 ordered so that a failure leaves nothing behind (ingest: the object is deleted when its row cannot be
@@ -25,6 +25,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from portal.ledger.services import ledger_append
 from portal.services import audit_record
 from sandbox.crypto import associated_data
 from sandbox.ingest import IngestError, ingest_csv, store_key_for
@@ -40,15 +41,12 @@ __all__ = [
     "IngestError",
     "KeyRotation",
     "KeyringError",
-    "ReleaseError",
     "StorageError",
 ]
 
 
 def _ledger(kind: str, **record) -> None:
     """Append a ledger leaf (inside the caller's transaction)."""
-    from accounting.services.ledger import ledger_append
-
     ledger_append(kind=kind, record=record)
 
 
@@ -563,132 +561,3 @@ def access_grant_revoke(*, by, request_id: int, reason: str) -> AccessRequest:
     if not reason.strip():
         raise AccessError("Give the researchers a reason for revoking the grant.")
     return _access_close(request, by=by, status=AccessStatus.REVOKED, reason=reason.strip())
-
-
-# ---------------------------------------------------------------------------------------------
-# Airlock: model release
-# ---------------------------------------------------------------------------------------------
-
-
-class ReleaseError(Exception):
-    """A model release cannot be requested or decided; the message says why."""
-
-
-def _release_settle(release) -> None:
-    """Approve when every participating site approved; refuse on the first refusal."""
-    from sandbox.models import ReleaseStatus
-
-    sites = {js.site_id for js in release.job.sites.all()}
-    decisions = {d.site_id: d.approve for d in release.decisions.all()}
-    if any(approve is False for approve in decisions.values()):
-        release.status = ReleaseStatus.REFUSED
-    elif sites and sites <= set(decisions):
-        release.status = ReleaseStatus.APPROVED
-    else:
-        return
-    release.decided_at = timezone.now()
-    release.save(update_fields=["status", "decided_at"])
-    audit_record(
-        by=None,
-        action=f"release.{release.status}",
-        target=release,
-        institution=release.job.project.institution,
-    )
-    _ledger(
-        "model_release",
-        release=release.pk,
-        job=release.job_id,
-        site=None,
-        decision=str(release.status),
-        by=None,
-        by_rule=False,
-        time=release.decided_at.isoformat(),
-    )
-
-
-def _ledger_release_decision(decision) -> None:
-    """The ledger leaf of one site's airlock decision (by its steward or by the dataset's rule)."""
-    _ledger(
-        "model_release",
-        release=decision.release_id,
-        job=decision.release.job_id,
-        site=decision.site.slug,
-        decision="approve" if decision.approve else "refuse",
-        by=decision.decided_by_id,
-        by_rule=decision.by_rule,
-        time=decision.decided_at.isoformat(),
-    )
-
-
-@transaction.atomic
-def release_request(*, by, job):
-    """A project member asks to take a COMPLETED job's model out; sites with an auto-release rule
-    on their dataset approve at once, the others wait for their data steward. Idempotent."""
-    from federation.models import JobStatus
-    from portal.permissions import can
-    from sandbox.models import ModelRelease, ReleaseDecision
-
-    if not can(by, "project.view", job.project):
-        raise ReleaseError("only members of this job's project may ask for its model")
-    if job.status != JobStatus.COMPLETED or not job.final_metrics.get("model"):
-        raise ReleaseError("only a completed job with a final model can be released")
-    release, created = ModelRelease.objects.get_or_create(job=job, defaults={"requested_by": by})
-    if not created:
-        return release
-    audit_record(
-        by=by, action="release.request", target=release, institution=job.project.institution
-    )
-    for js in job.sites.select_related("dataset_version__dataset", "site"):
-        if js.dataset_version.dataset.auto_release:
-            decision = ReleaseDecision.objects.create(
-                release=release,
-                site=js.site,
-                approve=True,
-                by_rule=True,
-                reason="the dataset's auto-release rule",
-            )
-            _ledger_release_decision(decision)
-            audit_record(
-                by=None,
-                action="release.approve_by_rule",
-                target=release,
-                institution=js.site.institution,
-                site=js.site.slug,
-            )
-    _release_settle(release)
-    return release
-
-
-@transaction.atomic
-def release_decide(*, by, release_id: int, site, approve: bool, reason: str = ""):
-    """A data steward of ``site``'s institution approves or refuses (with a reason) the release."""
-    from portal.models import Role
-    from sandbox.models import ModelRelease, ReleaseDecision, ReleaseStatus
-
-    release = (
-        ModelRelease.objects.select_for_update().select_related("job__project").get(pk=release_id)
-    )
-    if not release.job.sites.filter(site=site).exists():
-        raise ReleaseError("this site did not take part in the job")
-    if not by.memberships.filter(institution=site.institution, role=Role.DATA_STEWARD).exists():
-        raise ReleaseError("only a data steward of the site's institution decides")
-    if release.status != ReleaseStatus.PENDING:
-        raise ReleaseError(f"the release is already {release.get_status_display().lower()}")
-    if not approve and not reason.strip():
-        raise ReleaseError("give a reason for the refusal")
-    if release.decisions.filter(site=site).exists():
-        raise ReleaseError("this site has already decided")
-    decision = ReleaseDecision.objects.create(
-        release=release, site=site, approve=approve, decided_by=by, reason=reason.strip()
-    )
-    _ledger_release_decision(decision)
-    audit_record(
-        by=by,
-        action="release.approve" if approve else "release.refuse",
-        target=release,
-        institution=site.institution,
-        site=site.slug,
-        reason=reason.strip(),
-    )
-    _release_settle(release)
-    return release

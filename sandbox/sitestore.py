@@ -2,7 +2,7 @@
 
 A site "runs beside the portal" when it has a directory ``FRP_SITES_DIR/<site slug>/`` on this
 machine — the layout ``manage.py demo_seed`` creates and ``manage.py federation_up`` hands to each
-SuperNode (``federation.demo.local_sites``): the object store is ``<dir>/store`` (a
+SuperNode (``federation.selectors.local_sites``): the object store is ``<dir>/store`` (a
 ``FilesystemStore``) and the keyring ``<dir>/keyring`` (``SiteKeyring``). Only such sites accept web
 uploads and key rotation from the portal; a site on its own host ingests with
 ``manage.py dataset_ingest --store URL --keyring DIR`` there.
@@ -42,7 +42,7 @@ def site_dir(slug: str) -> Path:
 
 
 def local_site_storage(site) -> SiteStorage | None:
-    """The store and keyring of ``site`` (a ``federation.Site`` or its slug) if it runs beside the
+    """The store and keyring of ``site`` (a ``portal.models.Site`` or its slug) if it runs beside the
     portal (see module doc), else ``None``."""
     slug = getattr(site, "slug", site)
     root = site_dir(slug)

@@ -12,5 +12,4 @@ urlpatterns = [
     path("access-requests/", views.steward_queue, name="steward_queue"),
     path("access-requests/<int:pk>/decide/", views.request_decide, name="request_decide"),
     path("access-requests/<int:pk>/revoke/", views.grant_revoke, name="grant_revoke"),
-    path("releases/<int:pk>/decide/", views.release_decide, name="release_decide"),
 ]

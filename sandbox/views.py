@@ -1,5 +1,5 @@
 """Views of the sandbox: dataset catalogue with profiles, dataset upload, access requests, the
-steward's queue."""
+steward's queue (where the floors above add panels: the airlock's pending releases)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from portal.models import Role
 from portal.permissions import can
 from sandbox import selectors, services
 from sandbox.forms import AccessRequestForm, DatasetUploadForm, DecisionForm
-from sandbox.models import AccessRequest, AccessStatus, Dataset, ModelRelease
+from sandbox.models import AccessRequest, AccessStatus, Dataset
 
 
 @login_required
@@ -154,7 +154,6 @@ def steward_queue(request):
             "status": status,
             "statuses": AccessStatus.choices,
             "form": DecisionForm(),
-            "releases": selectors.releases_for_steward(user=request.user),
         },
     )
 
@@ -204,31 +203,3 @@ def grant_revoke(request, pk: int):
     else:
         messages.success(request, "Grant revoked; running jobs drop this site at their next round.")
     return redirect(f"{reverse('sandbox:steward_queue')}?status={AccessStatus.APPROVED}")
-
-
-@login_required
-@require_POST
-def release_decide(request, pk: int):
-    """A data steward approves or refuses a model release for one of their sites (airlock)."""
-    from federation.models import Site
-
-    release = get_object_or_404(ModelRelease, pk=pk)
-    site_id = request.POST.get("site", "")
-    if not site_id.isdigit():  # a junk id is "no such site", not a 500
-        raise Http404("No such site")
-    site = get_object_or_404(Site, pk=int(site_id), job_sites__job=release.job)
-    if not can(request.user, "access.decide", site):
-        raise Http404("No such release")  # only the participating sites' stewards see it
-    try:
-        services.release_decide(
-            by=request.user,
-            release_id=pk,
-            site=site,
-            approve=request.POST.get("decision") == "approve",
-            reason=request.POST.get("reason", ""),
-        )
-    except services.ReleaseError as exc:
-        messages.error(request, str(exc))
-    else:
-        messages.success(request, "Airlock decision recorded.")
-    return redirect("sandbox:steward_queue")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
-DEMO_PASSWORD = "federated-demo-2026"  # noqa: S105 — the demo seed's password (federation/demo.py)
+DEMO_PASSWORD = "federated-demo-2026"  # noqa: S105 — the demo seed's password (demo/seed.py)
 
 CHROMIUM_ARGS = [
     "--no-sandbox",

@@ -8,8 +8,8 @@ import factory
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from federation.models import ComputePool, Site
-from portal.models import Institution, Membership, Project, ProjectMember, ProjectRole, Role
+from federation.models import ComputePool
+from portal.models import Institution, Membership, Project, ProjectMember, ProjectRole, Role, Site
 from sandbox.models import AccessRequest, AccessStatus, Dataset, DatasetVersion
 
 SCHEMA = [
@@ -46,23 +46,27 @@ class MembershipFactory(factory.django.DjangoModelFactory):
     role = Role.RESEARCHER
 
 
+class SiteFactory(factory.django.DjangoModelFactory):
+    """A site with one compute pool of one slot (``pool__name=…``, ``pool__slots=…`` set it;
+    ``pool=None`` makes a site without a pool)."""
+
+    class Meta:
+        model = Site
+        skip_postgeneration_save = True
+
+    institution = factory.SubFactory(InstitutionFactory)
+    slug = factory.Sequence(lambda n: f"site-{n}")
+    name = factory.LazyAttribute(lambda s: f"Site {s.slug}")
+    pool = factory.RelatedFactory("tests.factories.PoolFactory", factory_related_name="site")
+
+
 class PoolFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = ComputePool
 
-    institution = factory.SubFactory(InstitutionFactory)
+    site = factory.SubFactory(SiteFactory, pool=None)
     name = factory.Sequence(lambda n: f"pool-{n}")
     slots = 1
-
-
-class SiteFactory(factory.django.DjangoModelFactory):
-    class Meta:
-        model = Site
-
-    institution = factory.SubFactory(InstitutionFactory)
-    pool = factory.SubFactory(PoolFactory, institution=factory.SelfAttribute("..institution"))
-    slug = factory.Sequence(lambda n: f"site-{n}")
-    name = factory.LazyAttribute(lambda s: f"Site {s.slug}")
 
 
 class ProjectFactory(factory.django.DjangoModelFactory):

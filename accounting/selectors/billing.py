@@ -15,6 +15,7 @@ from django.db.models import Count, Prefetch, Q
 
 from accounting.models import BillingEntry, BillingKind, Invoice, PriceRule, UsageRecord
 from accounting.services.billing import CHARGE_KINDS, month_start, next_month
+from federation.models import ComputePool
 from portal import selectors as portal_selectors
 from portal.permissions import can
 
@@ -42,14 +43,13 @@ def institution_invoices(*, user, institution):
 
 
 def invoice_lines(*, invoice):
-    """The invoice's entries with job, project, site, pool owner and price rule joined, ordered
+    """The invoice's entries with job, project, site, its institution and price rule joined, ordered
     by job, site, kind (one query)."""
     return (
         BillingEntry.objects.filter(invoice=invoice)
         .select_related(
             "job__project__institution",
             "site__institution",
-            "site__pool",
             "price_rule",
             "institution",
         )
@@ -151,7 +151,9 @@ def institution_pools_with_rules(*, institution, today: dt.date) -> list:
     first (author joined), each marked ``state`` = ``"scheduled"`` (starts after ``today``),
     ``"current"`` (the one in effect ``today``) or ``"superseded"``. Two queries."""
     pools = list(
-        institution.pools.order_by("name").prefetch_related(
+        ComputePool.objects.filter(site__institution=institution)
+        .order_by("name")
+        .prefetch_related(
             Prefetch(
                 "price_rules",
                 queryset=PriceRule.objects.select_related("created_by").order_by("-effective_from"),

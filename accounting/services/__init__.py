@@ -1,1 +1,1 @@
-"""Writes of accounting, one module per part: usage, contribution, billing, credit, ledger."""
+"""Writes of accounting, one module per part: usage, contribution, billing, credit."""

@@ -1,7 +1,7 @@
 """Writes of billing: price rules, a job's billing entries, monthly invoices and their closing.
 
 Owns ``PriceRule``, ``BillingEntry`` and ``Invoice`` (``accounting.models``, "Prices and bills").
-Every entry written here is also appended to the ledger (``accounting.services.ledger``) in the
+Every entry written here is also appended to the ledger (``portal.ledger.services``) in the
 same transaction, and each write leaves an audit event (``portal.services.audit_record``).
 
 The rules, in one place (the docstrings below give the details):
@@ -41,8 +41,9 @@ from accounting.models import (
     UsageRecord,
 )
 from accounting.selectors.contribution import whole_run_shares
-from accounting.services.ledger import ledger_append
-from federation.models import FederatedJob, JobStatus, Site
+from federation.models import FederatedJob, JobStatus
+from portal.ledger.services import ledger_append
+from portal.models import Site
 from portal.services import audit_record
 
 CENTS = Decimal("0.01")
@@ -258,14 +259,25 @@ def _data_shares(job) -> dict[int, Decimal]:
     return shares if sum(shares.values(), Decimal(0)) > 0 else {}
 
 
+def _site_pool(site):
+    """The compute pool that ran ``site``'s part of a job: the site's pool (its first by id when
+    it has several, until a job records the pool it ran on), or ``None`` for a site without one."""
+    return min(site.pools.all(), key=lambda pool: pool.pk, default=None)
+
+
 def _job_lines(job, finished_on: dt.date) -> list[_Line]:
     """What ``job`` should be billed (pure reads): compute lines, then data lines."""
     payer = job.project.institution
     lines: list[_Line] = []
     data_pool: list[tuple[object, PriceRule, Decimal]] = []  # (site, rule, data amount)
-    usages = UsageRecord.objects.filter(job=job).select_related("site__institution", "site__pool")
+    usages = (
+        UsageRecord.objects.filter(job=job)
+        .select_related("site__institution")
+        .prefetch_related("site__pools")
+    )
     for usage in usages.order_by("site__slug"):
-        rule = price_rule_in_effect(pool=usage.site.pool, day=finished_on)
+        pool = _site_pool(usage.site)
+        rule = None if pool is None else price_rule_in_effect(pool=pool, day=finished_on)
         if rule is None:
             continue
         units = service_units(usage=usage, rule=rule)

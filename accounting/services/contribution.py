@@ -18,8 +18,8 @@ from django.db.models import Sum
 
 from accounting.contribution import exact_shapley, gtg_shapley, leave_one_out, normalise
 from accounting.models import ContributionMethod, ContributionScore
-from accounting.services.ledger import ledger_append
 from federation.models import FederatedJob, SiteRoundMetric
+from portal.ledger.services import ledger_append
 from portal.services import audit_record
 
 #: Most sites for which the whole-run value is exact Shapley (the ServerApp sends all 2^n).

@@ -13,8 +13,8 @@ from django.db import transaction
 from django.db.models import Count, Q, Sum
 
 from accounting.models import UsageRecord
-from accounting.services.ledger import ledger_append
 from federation.models import FederatedJob, SiteRoundMetric
+from portal.ledger.services import ledger_append
 from portal.services import audit_record
 
 

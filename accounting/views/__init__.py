@@ -1,1 +1,1 @@
-"""Accounting pages, one module per part: contribution, billing, credit, ledger."""
+"""Accounting pages, one module per part: contribution, billing, credit."""

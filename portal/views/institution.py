@@ -137,13 +137,13 @@ def identity_provider(request, slug: str):
 
 @login_required
 def sites(request, slug: str):
-    """The institution's sites and compute pools (read-only here)."""
+    """The institution's sites (read-only here); the federation adds each site's compute pools
+    (panel slot ``institution.site``)."""
     institution = _institution_or_404(request, slug)
-    pools = institution.pools.prefetch_related("sites").order_by("name")
     return render(
         request,
         "portal/institution/sites.html",
-        {"institution": institution, "pools": pools, "tab": "sites"},
+        {"institution": institution, "sites": institution.sites.order_by("slug"), "tab": "sites"},
     )
 
 

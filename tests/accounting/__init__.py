@@ -1,1 +1,1 @@
-"""Tests for the accounting app: contribution math, Merkle log and signed checkpoints."""
+"""Tests for the accounting app: usage, contribution, billing and credit of finished jobs."""

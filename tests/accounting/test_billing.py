@@ -12,17 +12,17 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from accounting.models import BillingEntry, Invoice, InvoiceStatus, LedgerEntry, PriceRule
+from accounting.models import BillingEntry, Invoice, InvoiceStatus, PriceRule
 from accounting.services import billing
 from accounting.tasks import invoice_close_task, job_account_task
 from federation.models import JobStatus
+from portal.ledger.models import LedgerEntry
 from portal.models import AuditEvent
 from tests.factories import (
     BillingJobFactory,
     BillingShareFactory,
     BillingUsageFactory,
     InstitutionFactory,
-    PoolFactory,
     PriceRuleFactory,
     ProjectFactory,
     SiteFactory,
@@ -51,7 +51,7 @@ class ThreePools:
     """
 
     def __init__(self):
-        self.inst, self.site, self.project, self.rule = {}, {}, {}, {}
+        self.inst, self.site, self.pool, self.project, self.rule = {}, {}, {}, {}, {}
         weights = {
             "A": ("1", "0.25", "0", "0.05"),
             "B": ("1.5", "0", "10", "0.04"),
@@ -59,9 +59,11 @@ class ThreePools:
         }
         for name, (cpu, mem, gpu, price) in weights.items():
             inst = InstitutionFactory(slug=f"inst-{name.lower()}", name=f"Institution {name}")
-            pool = PoolFactory(institution=inst, name=f"pool-{name.lower()}")
             self.inst[name] = inst
-            self.site[name] = SiteFactory(institution=inst, pool=pool, slug=f"site-{name.lower()}")
+            self.site[name] = SiteFactory(
+                institution=inst, slug=f"site-{name.lower()}", pool__name=f"pool-{name.lower()}"
+            )
+            self.pool[name] = pool = self.site[name].pools.get()
             self.project[name] = ProjectFactory(institution=inst, title=f"Project of {name}")
             self.rule[name] = PriceRuleFactory(
                 pool=pool,
@@ -246,7 +248,7 @@ def test_job_bill_appends_each_entry_to_the_ledger(world):
 
 
 def test_price_rule_picked_by_finish_day(world):
-    pool_b = world.site["B"].pool
+    pool_b = world.pool["B"]
     # From 2025-03-15 pool B costs 0.10 per SU; a job finishing on the 14th keeps 0.04.
     PriceRuleFactory(pool=pool_b, effective_from=dt.date(2025, 3, 15), cpu_weight=D("1.5"),
                      gpu_weight=D("10"), price_per_unit=D("0.10"))  # fmt: skip
@@ -262,7 +264,7 @@ def test_price_rule_picked_by_finish_day(world):
 
 
 def test_pool_without_a_price_rule_is_not_billed(world):
-    PriceRule.objects.filter(pool=world.site["C"].pool).delete()
+    PriceRule.objects.filter(pool=world.pool["C"]).delete()
     job = world.job("A", dt.date(2025, 3, 10), {"C": (8, 16, 0, 7200)})
 
     assert billing.job_bill(job=job) == []
@@ -319,14 +321,10 @@ def test_service_units_bill_the_held_slot_when_recorded(world):
 def _data_world(w: ThreePools, *, rate: str = "0.10"):
     """Project A's job computing on a priced pool of B with a data credit rate, data at the
     sites data-a (A), data-b (B) and data-c (C)."""
-    pool = PoolFactory(institution=w.inst["B"], name="pool-b-data")
-    PriceRuleFactory(pool=pool, effective_from=dt.date(2025, 1, 1), cpu_weight=D("1"),
+    compute = SiteFactory(institution=w.inst["B"], slug="data-b", pool__name="pool-b-data")
+    PriceRuleFactory(pool=compute.pools.get(), effective_from=dt.date(2025, 1, 1), cpu_weight=D("1"),
                      price_per_unit=D("0.10"), data_credit_rate=D(rate))  # fmt: skip
-    compute = SiteFactory(institution=w.inst["B"], pool=pool, slug="data-b")
-    others = [
-        SiteFactory(institution=w.inst[n], pool=w.site[n].pool, slug=f"data-{n.lower()}")
-        for n in ("A", "C")
-    ]
+    others = [SiteFactory(institution=w.inst[n], slug=f"data-{n.lower()}") for n in ("A", "C")]
     job = BillingJobFactory(project=w.project["A"], finished_at=_at(dt.date(2025, 3, 5)))
     # 10 cores × 10 h = 100 SU × 0.10 = 10.00; data: 0.10 × 10.00 = 1.00
     BillingUsageFactory(job=job, site=compute, cores=10, memory_gib=D("0"), wall_seconds=36000)
@@ -487,7 +485,7 @@ def _rule_kwargs(**overrides):
 
 def test_price_rule_create_adds_history_and_audits(world):
     admin = UserFactory()
-    pool = world.site["A"].pool
+    pool = world.pool["A"]
 
     rule = billing.price_rule_create(by=admin, pool=pool, **_rule_kwargs())
 
@@ -514,7 +512,7 @@ def test_price_rule_create_adds_history_and_audits(world):
 )
 def test_price_rule_create_refuses_bad_input(world, overrides, field, message):
     with pytest.raises(billing.BillingError) as exc:
-        billing.price_rule_create(by=None, pool=world.site["A"].pool, **_rule_kwargs(**overrides))
+        billing.price_rule_create(by=None, pool=world.pool["A"], **_rule_kwargs(**overrides))
     assert any(message in m for m in exc.value.field_errors[field])
     assert PriceRule.objects.count() == 3  # nothing written
     assert not AuditEvent.objects.filter(action="price_rule.create").exists()
@@ -522,9 +520,9 @@ def test_price_rule_create_refuses_bad_input(world, overrides, field, message):
 
 def test_price_rule_create_refuses_a_second_rule_on_the_same_day(world):
     kwargs = _rule_kwargs()
-    billing.price_rule_create(by=None, pool=world.site["A"].pool, **kwargs)
+    billing.price_rule_create(by=None, pool=world.pool["A"], **kwargs)
     with pytest.raises(billing.BillingError) as exc:
-        billing.price_rule_create(by=None, pool=world.site["A"].pool, **kwargs)
+        billing.price_rule_create(by=None, pool=world.pool["A"], **kwargs)
     assert "already has a price rule" in exc.value.field_errors["effective_from"][0]
 
 

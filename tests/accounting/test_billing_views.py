@@ -173,7 +173,7 @@ def test_invoice_csv_content(client, world):
 
 
 def test_prices_page_shows_rule_history(client, world):
-    pool = world.site["A"].pool
+    pool = world.pool["A"]
     PriceRule.objects.create(pool=pool, effective_from=dt.date(2099, 1, 1), price_per_unit=D("0.07"))  # fmt: skip
     client.force_login(world.admins["A"])
 
@@ -193,7 +193,7 @@ def test_price_rule_form_saves_a_rule(client, world):
     response = client.post(
         url,
         {
-            "pool": world.site["A"].pool.pk,
+            "pool": world.pool["A"].pk,
             "effective_from": day.isoformat(),
             "cpu_weight": "1",
             "memory_weight": "0.25",
@@ -205,7 +205,7 @@ def test_price_rule_form_saves_a_rule(client, world):
     )
 
     assert response.status_code == 302 and response["Location"] == url
-    rule = PriceRule.objects.get(pool=world.site["A"].pool, effective_from=day)
+    rule = PriceRule.objects.get(pool=world.pool["A"], effective_from=day)
     assert (rule.gpu_weight, rule.price_per_unit, rule.created_by) == (
         D("8"),
         D("0.045"),
@@ -220,7 +220,7 @@ def test_price_rule_form_shows_inline_errors(client, world):
     response = client.post(
         url,
         {
-            "pool": world.site["B"].pool.pk,  # another institution's pool
+            "pool": world.pool["B"].pk,  # another institution's pool
             "effective_from": "2024-01-01",
             "cpu_weight": "-1",
             "memory_weight": "0",
@@ -250,7 +250,7 @@ def test_price_rule_form_reports_service_errors_inline(client, world):
     url = reverse("accounting:institution_prices", args=["inst-a"])
     day = (timezone.localdate() + dt.timedelta(days=1)).isoformat()
     data = {
-        "pool": world.site["A"].pool.pk,
+        "pool": world.pool["A"].pk,
         "effective_from": day,
         "cpu_weight": "0",
         "memory_weight": "0",
@@ -269,7 +269,7 @@ def test_price_rule_form_reports_service_errors_inline(client, world):
     client.post(url, data | {"cpu_weight": "1"})
     response = client.post(url, data | {"cpu_weight": "2"})  # the same day again
     assert "already has a price rule" in response.context["form"].errors["effective_from"][0]
-    assert PriceRule.objects.filter(pool=world.site["A"].pool).count() == 2
+    assert PriceRule.objects.filter(pool=world.pool["A"]).count() == 2
 
 
 # --- the job page's cost card ------------------------------------------------------------------

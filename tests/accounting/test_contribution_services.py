@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from accounting.contribution import exact_shapley
-from accounting.models import ContributionScore, LedgerEntry
+from accounting.models import ContributionScore
 from accounting.services.contribution import ContributionError, contribution_score_job
 from federation.models import SiteRoundMetric
+from portal.ledger.models import LedgerEntry
 from portal.models import AuditEvent
 from tests.accounting.job_world import finish, post, running_job, utilities_event
 

@@ -11,8 +11,9 @@ from decimal import Decimal
 
 import pytest
 
-from accounting.models import LedgerEntry, UsageRecord
+from accounting.models import UsageRecord
 from accounting.services.usage import UsageError, usage_record_job
+from portal.ledger.models import LedgerEntry
 from tests.accounting.job_world import finish, post, running_job, utilities_event
 
 pytestmark = pytest.mark.django_db

@@ -25,10 +25,10 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
+from demo.seed import ingest_site_dataset
 from federation import callbacks, runtime
-from federation.demo import ingest_site_dataset
-from federation.models import ComputePool, Site
-from portal.models import Institution, ProjectRole
+from federation.models import ComputePool
+from portal.models import Institution, ProjectRole, Site
 from portal.services import project_create, project_member_add
 from sandbox import demo_data
 from sandbox import services as sandbox_services
@@ -96,8 +96,9 @@ def flower_world(slugs, *, root: Path, live_server, django_db_blocker):
             sites = []
             for slug in slugs:
                 inst = Institution.objects.create(slug=f"inst-{slug}", name=f"Institution {slug}")
-                pool = ComputePool.objects.create(institution=inst, name="cpu", slots=1)
-                sites.append(Site.objects.create(institution=inst, pool=pool, slug=slug, name=slug))
+                site = Site.objects.create(institution=inst, slug=slug, name=slug)
+                ComputePool.objects.create(site=site, name="cpu", slots=1)
+                sites.append(site)
             project = project_create(
                 by=researcher, slug="it", title="Integration", institution=sites[0].institution
             )

@@ -30,7 +30,6 @@ from accounting.models import (
     BillingEntry,
     ContributionScore,
     CreditStatement,
-    LedgerEntry,
     PriceRule,
     UsageRecord,
 )
@@ -38,6 +37,7 @@ from federation import callbacks, services
 from federation.models import FederatedJob, JobSiteStatus, JobStatus, RoundMetric, SiteRoundMetric
 from frp_flwr import contract
 from frp_flwr.signing import SignatureError, job_key, sign, verify
+from portal.ledger.models import LedgerEntry
 from sandbox.keyring import SiteKeyring
 from sandbox.loader import load_table
 from sandbox.storage import FilesystemStore
@@ -83,7 +83,7 @@ def outcome(flower_job_world, django_db_blocker) -> Outcome:
     with django_db_blocker.unblock():
         for version in w.versions:  # a price on every pool, so the worker bills the job
             PriceRule.objects.get_or_create(  # dear: a seconds-long job must cost whole cents
-                pool=version.dataset.site.pool,
+                pool=version.dataset.site.pools.get(),
                 effective_from=timezone.localdate() - timedelta(days=1),
                 defaults={"price_per_unit": Decimal("500"), "data_credit_rate": Decimal("0.5")},
             )

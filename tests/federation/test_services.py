@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from federation import services, superlink
 from federation.models import FederatedJob, JobSiteStatus, JobStatus, RoundMetric, SiteRoundMetric
+from federation.signals import job_finished
 from frp_flwr import contract
 from portal.models import AuditEvent, ProjectRole
 from sandbox.models import AccessStatus
@@ -286,6 +287,25 @@ def test_reconcile_follows_superlink(world, fake_superlink, launch, sub_status, 
     assert job.finished_at is not None
     if expected == JobStatus.FAILED:
         assert job.status_detail  # a readable reason
+
+
+def test_finished_job_is_handed_on_once_through_job_finished(world, fake_superlink, launch):
+    job = launch(world)
+    FederatedJob.objects.filter(pk=job.pk).update(final_metrics={"eval_accuracy": 0.9})
+    heard = []
+
+    def receiver(sender, *, job, **kwargs):
+        heard.append((sender, job.pk, job.status))
+
+    job_finished.connect(receiver)
+    try:
+        fake_superlink.status = superlink.RunStatus("7", "finished", "completed", "", {})
+        services.job_reconcile(job_id=job.pk)
+        services.job_reconcile(job_id=job.pk)  # already terminal: not handed on again
+    finally:
+        job_finished.disconnect(receiver)
+
+    assert heard == [(FederatedJob, job.pk, JobStatus.COMPLETED)]
 
 
 def test_reconcile_keeps_serverapp_failure_reason(world, fake_superlink, launch):

@@ -1,5 +1,6 @@
 """Tests of the federation views through the Django test client: job list, form, detail, progress,
-stop and the ServerApp's signed callback endpoint.
+stop, the ServerApp's signed callback endpoint, and the panels the federation adds to the core's
+pages (dashboard, an institution's sites).
 
 The SuperLink boundary is faked (``FakeSuperLink`` from test_services); nothing launches a real run.
 """
@@ -18,10 +19,17 @@ from django.utils import timezone
 
 from accounting.models import BillingEntry, ContributionScore
 from federation import callbacks, services
-from federation.models import FederatedJob, JobSite, JobStatus, RoundMetric, SiteRoundMetric
+from federation.models import (
+    ComputePool,
+    FederatedJob,
+    JobSite,
+    JobStatus,
+    RoundMetric,
+    SiteRoundMetric,
+)
 from frp_flwr import contract
 from frp_flwr.signing import sign
-from portal.models import ProjectRole
+from portal.models import Membership, ProjectRole, Role
 from sandbox.models import AccessStatus
 from tests.factories import (
     DatasetFactory,
@@ -29,6 +37,7 @@ from tests.factories import (
     GrantFactory,
     ProjectFactory,
     ProjectMemberFactory,
+    UserFactory,
 )
 from tests.federation.callback_support import body_of, post, signed
 from tests.federation.test_services import FakeSuperLink
@@ -255,6 +264,40 @@ def test_job_detail_own_project_renders(pi_client, world):
 
     assert response.status_code == 200
     assert "Visible job" in response.content.decode()
+
+
+def test_dashboard_shows_the_federations_recent_jobs_panel(pi_client, world):
+    _job(world["project"], world["pi"], title="Our dashboard job")
+    outsider = ProjectMemberFactory()
+    _job(outsider.project, outsider.user, title="Their dashboard job")
+
+    page = pi_client.get("/").content.decode()
+
+    assert "Submit a job" in page and "Recent jobs" in page  # the federation's panels
+    assert "Our dashboard job" in page and "Their dashboard job" not in page
+    assert 'href="/jobs/new/"' in page
+
+
+def test_dashboard_of_a_user_without_project_offers_no_job_form(client):
+    client.force_login(UserFactory())
+
+    page = client.get("/").content.decode()
+
+    assert "Submit a job" not in page and "No jobs yet" in page
+
+
+def test_institution_sites_page_lists_each_sites_pools(client, world):
+    site = world["versions"][0].dataset.site
+    admin = ProjectMemberFactory().user
+    Membership.objects.create(user=admin, institution=site.institution, role=Role.INSTITUTION_ADMIN)
+    ComputePool.objects.create(site=site, name="gpu-nodes", slots=3)
+    client.force_login(admin)
+
+    page = client.get(f"/institutions/{site.institution.slug}/sites/").content.decode()
+
+    assert site.slug in page and site.name in page
+    assert "gpu-nodes" in page and site.pools.exclude(name="gpu-nodes").get().name in page
+    assert world["versions"][1].dataset.site.slug not in page  # another institution's site
 
 
 def test_job_list_hides_other_projects_jobs(pi_client, world):

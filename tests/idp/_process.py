@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -72,25 +73,47 @@ def spawn(cmd: list[str], *, log_path: Path, env: dict[str, str] | None = None) 
     return proc
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _wait_group_gone(pgid: int, timeout: float) -> bool:
+    """Wait until no process of group ``pgid`` is left (the server, not just its shell)."""
+    deadline = time.monotonic() + timeout
+    while _group_alive(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def terminate(proc: subprocess.Popen, timeout: float = 5.0) -> None:
-    """SIGTERM the process group, then SIGKILL it if it has not gone within ``timeout`` seconds."""
+    """SIGTERM the process group, then SIGKILL it if it has not gone within ``timeout`` seconds.
+
+    Returns once every process of the group has exited, so the server's port is closed: the
+    watchdog shell can exit a moment before the server it started.
+    """
     _live.discard(proc)
     if proc.stdin and not proc.stdin.closed:
         proc.stdin.close()  # the watchdog then stops the group by itself; make sure below
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    pgid = proc.pid  # start_new_session: the shell leads its own group
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        proc.wait(timeout=timeout)
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            proc.wait(timeout=timeout)
+    if not _wait_group_gone(pgid, timeout):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        _wait_group_gone(pgid, timeout)
 
 
 def wait_until_ready(

@@ -25,9 +25,9 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from federation.models import FederatedJob, JobSite
+from federation.models import FederatedJob, JobSite, ModelRelease
 from portal.models import Institution, Project, ProjectInvitation, ProjectRole, Role
-from sandbox.models import AccessRequest, AccessStatus, ModelRelease
+from sandbox.models import AccessRequest, AccessStatus
 from tests.factories import (
     DatasetVersionFactory,
     GrantFactory,

@@ -36,7 +36,7 @@ from django.db import transaction
 from django.test import Client
 
 from federation import callbacks
-from federation.models import FederatedJob, JobStatus
+from federation.models import FederatedJob, JobStatus, ModelRelease, ReleaseStatus
 from frp_flwr.signing import sign
 from portal.models import (
     IdentityProvider,
@@ -47,7 +47,7 @@ from portal.models import (
     ProjectRole,
     Role,
 )
-from sandbox.models import AccessRequest, AccessStatus, ModelRelease, ReleaseStatus
+from sandbox.models import AccessRequest, AccessStatus
 from tests.portal.matrix_world import (
     ACTORS,
     ANONYMOUS,
@@ -360,8 +360,8 @@ def _sandbox_endpoints() -> list[Endpoint]:
             result=AccessStatus.REVOKED,
         ),
         _post(
-            "/releases/<A-job-release>/decide/ (site A)",
-            lambda w: f"/releases/{w.release.pk}/decide/",
+            "/jobs/releases/<A-job-release>/decide/ (site A)",
+            lambda w: f"/jobs/releases/{w.release.pk}/decide/",
             {"data-steward@A"},
             allowed=redirect(queue, changes=True),
             data=lambda w, a: {
@@ -570,7 +570,7 @@ ENDPOINTS: list[Endpoint] = [
         for page in ("prices", "billing")
     ),
     *_sandbox_endpoints(),
-    _get("/accounting/ledger/", lambda w: "/accounting/ledger/", SIGNED_IN),  # ids/figures only
+    _get("/ledger/", lambda w: "/ledger/", SIGNED_IN),  # ids/figures only
     _get(
         "/admin/",
         lambda w: "/admin/",

@@ -127,14 +127,14 @@ def url_of(e: Endpoint, world: World, idp: IdentityProvider) -> str | None:
         "organization_slug": idp.provider_id,
         "provider_id": idp.provider_id,
     }
-    if route.startswith("jobs/") or route.startswith("accounting/credit/"):
+    if route.startswith("jobs/releases/"):
+        values["pk"] = str(world.release.pk)
+    elif route.startswith("jobs/") or route.startswith("accounting/credit/"):
         values["pk"] = str(job.pk)
     elif route.startswith("datasets/"):
         values["pk"] = str(world.dataset_versions[0].dataset_id)
     elif route.startswith("access-requests/"):
         values["pk"] = str(world.pending_request.pk)
-    elif route.startswith("releases/"):
-        values["pk"] = str(world.release.pk)
     else:
         values["pk"] = "1"
 
@@ -253,8 +253,8 @@ def test_the_walk_reaches_every_portal_post_endpoint(world):
     for route in (
         "jobs/callback/<int:pk>/",
         "access-requests/<int:pk>/decide/",
-        "releases/<int:pk>/decide/",
-        "accounting/ledger/witnesses",
+        "jobs/releases/<int:pk>/decide/",
+        "ledger/witnesses",
         "sso/discover/",
         "accounts/oidc/^(?P<provider_id>[^/]+)/login/",
     ):

@@ -11,9 +11,9 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from accounting.merkle import leaf_hash
-from accounting.models import LedgerEntry
-from federation.models import FederatedJob, JobSite, JobStatus
+from federation.models import FederatedJob
+from portal.ledger.merkle import leaf_hash
+from portal.ledger.models import LedgerEntry
 from portal.models import AuditEvent, Membership, ProjectRole, Role
 from sandbox import services
 from sandbox.models import AccessRequest, AccessStatus
@@ -111,34 +111,6 @@ def test_refused_decision_attempt_appends_nothing(world):
     with pytest.raises(services.AccessError):  # a refusal needs a reason
         services.access_request_decide(by=world["stewards"][0], request_id=req.pk, approve=False)
     assert not LedgerEntry.objects.exists()
-
-
-def test_release_decisions_append_ledger_leaves(world):
-    v0, v1 = world["versions"]
-    v0.dataset.auto_release = True
-    v0.dataset.save()
-    job = FederatedJob.objects.create(
-        project=world["project"],
-        submitted_by=world["researcher"],
-        title="done",
-        target_column="label",
-        status=JobStatus.COMPLETED,
-        final_metrics={"model": [[[0.1]], [0.0]], "classes": ["a", "b"]},
-    )
-    for v in (v0, v1):
-        JobSite.objects.create(job=job, site=v.dataset.site, dataset_version=v)
-    release = services.release_request(by=world["researcher"], job=job)
-    services.release_decide(
-        by=world["stewards"][1], release_id=release.pk, site=v1.dataset.site, approve=True
-    )
-    leaves = _leaves("model_release")
-    assert [(x["site"], x["decision"], x["by_rule"], x["by"]) for x in leaves] == [
-        (v0.dataset.site.slug, "approve", True, None),
-        (v1.dataset.site.slug, "approve", False, world["stewards"][1].pk),
-        (None, "approved", False, None),  # the release as a whole
-    ]
-    assert {x["release"] for x in leaves} == {release.pk} and {x["job"] for x in leaves} == {job.pk}
-    assert [e.index for e in LedgerEntry.objects.order_by("index")] == [0, 1, 2]
 
 
 def test_approval_flow_end_to_end_through_the_web_pages(client, world):

@@ -17,7 +17,7 @@ Flow of one run (one portal job):
    portal may answer with sites to drop (revoked grants). At the end a ``finished`` callback with
    final metrics and the model (a final loss that is not finite fails the run instead). Events are
    typed (``frp_flwr.contract``) and signed with a key derived from this host's platform callback
-   key (``frp_flwr.signing``, ADR 0013), which no SuperNode ever sees. The run's own status stays
+   key (``frp_flwr.signing``, ADR 0014), which no SuperNode ever sees. The run's own status stays
    with the SuperLink.
 4. **Contribution** (ADR 0010) — the app keeps, in memory, every round's starting global weights and
    each site's returned weights. After ``finished`` it rebuilds coalition models without retraining

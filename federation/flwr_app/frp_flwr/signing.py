@@ -1,6 +1,6 @@
 """Signatures of ServerApp → portal callbacks (shared by both sides; imports no Django, no flwr).
 
-Who holds what (ADR 0013): one **platform callback key** (``FRP_CALLBACK_KEY``, ≥ 32 characters, or
+Who holds what (ADR 0014): one **platform callback key** (``FRP_CALLBACK_KEY``, ≥ 32 characters, or
 a file named by ``FRP_CALLBACK_KEY_FILE``) exists only in the portal's settings and in the
 environment of the SuperLink, whose ServerApp processes inherit it (flwr 1.42: ``flower-superlink``
 starts ``flower-superexec``, which starts ``flwr-serverapp``, both with ``subprocess.Popen`` and

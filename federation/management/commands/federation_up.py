@@ -4,7 +4,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from federation import callbacks, runtime
-from federation.demo import local_sites
+from federation.selectors import local_sites
 
 
 class Command(BaseCommand):

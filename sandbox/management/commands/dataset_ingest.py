@@ -78,7 +78,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **opts):
-        from federation.models import Site
+        from portal.models import Site
 
         try:
             site = Site.objects.select_related("institution").get(slug=opts["site"])

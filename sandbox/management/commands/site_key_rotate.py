@@ -28,7 +28,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, site, store=None, keyring=None, **opts):
-        from federation.models import Site
+        from portal.models import Site
 
         try:
             site_obj = Site.objects.select_related("institution").get(slug=site)

@@ -1,0 +1,11 @@
+"""What the federation tells the floors above it, without knowing who listens.
+
+``job_finished`` is sent (``sender=FederatedJob``, ``job=…``) when the SuperLink's end of a job's run
+has been recorded (``federation.services.job_reconcile``: COMPLETED, FAILED or STOPPED), inside the
+transaction that records it. A receiver that starts work puts it on ``transaction.on_commit``; an
+app above connects its receivers in its ``AppConfig.ready()`` (accounting: ``job_account``).
+"""
+
+from django.dispatch import Signal
+
+job_finished = Signal()
