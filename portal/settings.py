@@ -189,6 +189,25 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
+# --- Cache ----------------------------------------------------------------------------------------
+# Sign-in rate limits (allauth) and other counters must be shared by every process that serves
+# requests: Redis in compose and PostgreSQL deployments (default: the Redis broker's server), the
+# local-memory cache only in the embedded default (SQLite, one web process).
+_SQLITE = DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
+if _SQLITE:
+    _CACHE_DEFAULT = "locmemcache://"
+elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    _CACHE_DEFAULT = CELERY_BROKER_URL
+else:
+    _CACHE_DEFAULT = ""
+CACHES = {"default": env.cache("CACHE_URL", default=_CACHE_DEFAULT or "locmemcache://")}
+CACHES["default"].setdefault("KEY_PREFIX", "frp")
+if not _SQLITE and CACHES["default"]["BACKEND"].endswith("LocMemCache"):
+    raise ImproperlyConfigured(
+        "set CACHE_URL (e.g. redis://host:6379/1): with PostgreSQL several processes serve "
+        "requests, and a local-memory cache would count sign-in attempts per process"
+    )
+
 # --- Accounting ---------------------------------------------------------------------------------
 # The federation's one billing currency (ISO 4217) for price rules and invoices.
 FRP_BILLING_CURRENCY = env.str("FRP_BILLING_CURRENCY", default="EUR")

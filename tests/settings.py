@@ -19,3 +19,6 @@ from portal.settings import *  # noqa: E402,F403
 DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}  # noqa: F405
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast hashing in tests only
+# The Redis cache (as in deployments), with keys of this run only: no rate-limit count leaks
+# from one test run into the next.
+CACHES["default"]["KEY_PREFIX"] = f"frp-test-{os.getpid()}"  # noqa: F405
