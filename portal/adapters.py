@@ -7,6 +7,10 @@ Contract:
   account already holds (compared case-insensitively), the sign-in is refused with a clear page.
 - A new SSO user becomes a researcher of the IdP's institution.
 - A disabled IdP signs nobody in.
+- An e-mail address an IdP asserts counts as verified only where that IdP is trusted for it: the
+  address is in its institution's e-mail domain (``Institution.email_domain``, which only the
+  platform admin sets) and, for OpenID Connect, the IdP itself says ``email_verified``
+  (:func:`sso_email_trusted`). Anything else is kept unverified: it claims no invitation.
 - Local self-sign-up is closed unless ``FRP_OPEN_SIGNUP`` (accounts are onboarded by institutions).
 """
 
@@ -21,7 +25,20 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.shortcuts import render
 
-from portal.models import IdentityProvider, Role
+from portal.models import IdentityProvider, IdPProtocol, Role
+
+
+def sso_email_trusted(idp: IdentityProvider, email: str, *, idp_says_verified: bool) -> bool:
+    """Whether an address ``idp`` asserts counts as verified (see the module docstring).
+
+    ``idp_says_verified``: the OpenID Connect ``email_verified`` claim (SAML has no standard one;
+    a SAML assertion is signed by the IdP, so its institution's domain is the whole test).
+    """
+    trusted = (idp.institution.email_domain or "").strip().lower().lstrip("@")
+    domain = (email or "").rpartition("@")[2].strip().lower()
+    if not trusted or not domain or not (domain == trusted or domain.endswith("." + trusted)):
+        return False
+    return idp.protocol == IdPProtocol.SAML or idp_says_verified
 
 
 class AccountAdapter(DefaultAccountAdapter):
@@ -61,6 +78,10 @@ class SocialAccountAdapter(DefaultSocialAccountAdapter):
             )
         if sociallogin.is_existing:
             return
+        for address in sociallogin.email_addresses:
+            address.verified = sso_email_trusted(
+                idp, address.email, idp_says_verified=bool(address.verified)
+            )
         email = (sociallogin.user.email or "").strip()
         User = get_user_model()
         if email and User.objects.filter(email__iexact=email).exists():

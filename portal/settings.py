@@ -19,7 +19,18 @@ environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 DEBUG = env.bool("DEBUG", default=True)
 VAR_DIR = Path(env.str("FRP_VAR_DIR", default=str(BASE_DIR / "var"))).resolve()
-VAR_DIR.mkdir(parents=True, exist_ok=True)  # the embedded default keeps its files here
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) and make it 0700: it holds files with secrets in them."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.stat().st_uid == os.getuid():
+        path.chmod(0o700)
+    return path
+
+
+# The embedded default keeps its files here (database, keys, mail, queue): 0700.
+private_dir(VAR_DIR)
 
 if DEBUG:
     SECRET_KEY = env.str("SECRET_KEY", default="insecure-development-key-do-not-use-in-production")
@@ -92,6 +103,14 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {"timeout": 30, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
     )
+    _db_file = str(DATABASES["default"]["NAME"])
+    if _db_file and _db_file != ":memory:" and not _db_file.startswith("file:"):
+        # It holds password hashes, sessions and IdP secrets: 0600 in a 0700 folder. SQLite
+        # creates its -wal and -shm files with the database file's mode.
+        private_dir(Path(_db_file).parent)
+        os.close(os.open(_db_file, os.O_CREAT | os.O_WRONLY, 0o600))
+        if Path(_db_file).stat().st_uid == os.getuid():
+            os.chmod(_db_file, 0o600)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTHENTICATION_BACKENDS = [
@@ -109,7 +128,10 @@ ACCOUNT_ADAPTER = "portal.adapters.AccountAdapter"
 FRP_OPEN_SIGNUP = env.bool("FRP_OPEN_SIGNUP", default=False)
 ACCOUNT_LOGIN_METHODS = {"username", "email"}
 ACCOUNT_SIGNUP_FIELDS = ["email*", "username*", "password1*", "password2*"]
-ACCOUNT_EMAIL_VERIFICATION = "none"
+# Local accounts prove their address (a confirmation link) before it counts for anything, such as
+# an invitation; SSO addresses count as verified only where the IdP is trusted for them
+# (portal.adapters: the institution's e-mail domain, set by the platform admin).
+ACCOUNT_EMAIL_VERIFICATION = "mandatory"
 ACCOUNT_UNIQUE_EMAIL = True
 # Single sign-on: identity is (IdP, subject). An e-mail address never links accounts.
 SOCIALACCOUNT_ADAPTER = "portal.adapters.SocialAccountAdapter"
@@ -124,7 +146,23 @@ MFA_TOTP_ISSUER = "Federated Research Portal"
 USERSESSIONS_TRACK_ACTIVITY = True
 ACCOUNT_LOGOUT_ON_GET = False
 ACCOUNT_SESSION_REMEMBER = False
-EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
+# Mail carries secrets (confirmation and password-reset links): never to a log. With EMAIL_URL
+# (smtp://user:password@host:587?tls=True; compose: its mail catcher) over SMTP; otherwise the
+# embedded default writes each message as a file into FRP_VAR_DIR/mail (0700).
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="portal@localhost")
+SERVER_EMAIL = DEFAULT_FROM_EMAIL
+if env.str("EMAIL_URL", default=""):
+    globals().update(env.email_url("EMAIL_URL"))
+else:
+    EMAIL_BACKEND = env.str(
+        "EMAIL_BACKEND", default="django.core.mail.backends.filebased.EmailBackend"
+    )
+    EMAIL_FILE_PATH = private_dir(VAR_DIR / "mail")
+if EMAIL_BACKEND == "django.core.mail.backends.console.EmailBackend" and not DEBUG:
+    raise ImproperlyConfigured(
+        "the console e-mail backend writes confirmation and reset links into the logs: set "
+        "EMAIL_URL (SMTP) or leave EMAIL_BACKEND unset (files in FRP_VAR_DIR/mail)"
+    )
 
 LANGUAGE_CODE = "en-gb"
 TIME_ZONE = "UTC"

@@ -254,9 +254,12 @@ def _idp_issuer(i: str) -> Callable[[World], object]:
 
 
 def _invitation_answer(w: World) -> object:
+    """The invitation's status and who answered it (its link is the credential: issue 9)."""
     invitation = ProjectInvitation.objects.get(pk=w.invitation.pk)
-    joined = ProjectMember.objects.filter(project=w.projects["A"], user=w.user(INVITEE)).exists()
-    return (invitation.status, joined)
+    answered_by_member = ProjectMember.objects.filter(
+        project=w.projects["A"], user=invitation.responded_by_id
+    ).exists()
+    return (invitation.status, answered_by_member)
 
 
 def _new_project_data(w: World, actor: str) -> dict:
@@ -544,15 +547,16 @@ ENDPOINTS: list[Endpoint] = [
     ),
     *_project_endpoints("A"),
     *_project_endpoints("B"),
+    # The single-use link is the credential: whoever holds it, signed in, may answer (once).
     _get(
         "/invitations/<A-project-invitation-to-C>/",
         lambda w: f"/invitations/{w.invitation.token}/",
-        {INVITEE},
+        SIGNED_IN,
     ),
     _post(
         "/invitations/<A-project-invitation-to-C>/",
         lambda w: f"/invitations/{w.invitation.token}/",
-        {INVITEE},
+        SIGNED_IN,
         allowed=redirect(_to(_project_url("A")), changes=True),
         data=lambda w, a: {"answer": "accept"},
         effect=_invitation_answer,
