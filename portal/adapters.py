@@ -66,6 +66,29 @@ def _refuse(request, title: str, message: str):
 class SocialAccountAdapter(DefaultSocialAccountAdapter):
     """Maps institutional sign-ons to portal users (see the module docstring)."""
 
+    def list_apps(self, request, provider=None, client_id=None):
+        """allauth's apps, each OIDC app with its client secret unsealed in memory only: the
+        database holds it sealed on the ``IdentityProvider`` (``portal.secretbox``)."""
+        from portal.secretbox import SecretBoxError, unseal
+
+        apps = super().list_apps(request, provider=provider, client_id=client_id)
+        sealed = dict(
+            IdentityProvider.objects.filter(
+                social_app__in=[a.pk for a in apps if a.pk]
+            ).values_list("social_app_id", "client_secret")
+        )
+        for app in apps:
+            if app.pk in sealed:
+                try:
+                    app.secret = unseal(sealed[app.pk])
+                except SecretBoxError as exc:
+                    if request is None:
+                        raise
+                    _refuse(
+                        request, "Sign-in unavailable", f"The portal cannot use this IdP: {exc}."
+                    )
+        return apps
+
     def is_open_for_signup(self, request, sociallogin) -> bool:
         idp = _idp_for(sociallogin)
         return bool(idp and idp.enabled)

@@ -7,6 +7,8 @@ them as they are, and a non-numeric id raises), and the user form refuses an e-m
 another account holds in another case (the database's case-insensitive unique index would raise).
 """
 
+from allauth.socialaccount.admin import SocialAppAdmin
+from allauth.socialaccount.models import SocialApp
 from django import forms
 from django.contrib import admin
 from django.contrib.admin import widgets
@@ -135,3 +137,13 @@ admin.site.unregister(User)
 @admin.register(User)
 class PortalUserAdmin(UserAdmin):
     form = PortalUserChangeForm
+
+
+# allauth's SocialApp rows are kept in step by the institution's Single sign-on page; their
+# client secrets live sealed on the IdentityProvider (portal.secretbox), never in this form.
+admin.site.unregister(SocialApp)
+
+
+@admin.register(SocialApp)
+class PortalSocialAppAdmin(SocialAppAdmin):
+    readonly_fields = ("secret",)

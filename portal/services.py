@@ -16,6 +16,7 @@ from portal.models import (
     ProjectMember,
     ProjectRole,
 )
+from portal.secretbox import seal
 
 
 def audit_record(
@@ -134,6 +135,8 @@ def identity_provider_configure(
     existing = IdentityProvider.objects.filter(institution=institution).first()
     errors: dict[str, list[str]] = {}
     if protocol == IdPProtocol.OIDC:
+        # Stored sealed (portal.secretbox, a key from the environment); empty keeps the stored one.
+        client_secret = seal(client_secret) if client_secret else ""
         client_secret = client_secret or (existing.client_secret if existing else "")
         for name, value in (
             ("issuer", issuer),
@@ -165,7 +168,7 @@ def identity_provider_configure(
             "provider": "openid_connect",
             "name": name,
             "client_id": client_id,
-            "secret": client_secret,
+            "secret": "",  # the sealed secret lives on the IdentityProvider (adapters.list_apps)
             "settings": {"server_url": issuer.rstrip("/"), "oauth_pkce_enabled": True},
         }
     else:

@@ -146,6 +146,17 @@ MFA_TOTP_ISSUER = "Federated Research Portal"
 USERSESSIONS_TRACK_ACTIVITY = True
 ACCOUNT_LOGOUT_ON_GET = False
 ACCOUNT_SESSION_REMEMBER = False
+# Secrets at rest (OIDC client secrets): Fernet keys, comma-separated, the first encrypts
+# (portal/secretbox.py). Empty: the key file below, created (0600, folder 0700) on first use.
+FRP_FIELD_KEYS = env.list("FRP_FIELD_KEYS", default=[])
+FRP_FIELD_KEY_FILE = Path(
+    env.str("FRP_FIELD_KEY_FILE", default=str(VAR_DIR / "secrets" / "field.key"))
+)
+if not DEBUG and not FRP_FIELD_KEYS and "FRP_FIELD_KEY_FILE" not in os.environ:
+    raise ImproperlyConfigured(
+        "set FRP_FIELD_KEYS (Fernet keys that encrypt secrets at rest, e.g. OIDC client secrets)"
+    )
+
 # Mail carries secrets (confirmation and password-reset links): never to a log. With EMAIL_URL
 # (smtp://user:password@host:587?tls=True; compose: its mail catcher) over SMTP; otherwise the
 # embedded default writes each message as a file into FRP_VAR_DIR/mail (0700).
