@@ -22,8 +22,9 @@ from allauth.account.adapter import DefaultAccountAdapter
 from allauth.core.exceptions import ImmediateHttpResponse
 from allauth.socialaccount.adapter import DefaultSocialAccountAdapter
 from django.conf import settings
+from django.contrib import messages
 from django.contrib.auth import get_user_model
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 
 from portal.models import IdentityProvider, IdPProtocol, Role
 
@@ -65,6 +66,30 @@ def _refuse(request, title: str, message: str):
 
 class SocialAccountAdapter(DefaultSocialAccountAdapter):
     """Maps institutional sign-ons to portal users (see the module docstring)."""
+
+    def get_requests_session(self):
+        """Every fetch from an IdP goes through the SSRF guard (``portal.oidc_guard``); a refused
+        URL or an issuer that does not answer sends the visitor back to the sign-in page with
+        the reason, never a 500."""
+        from allauth.core import context
+
+        from portal.oidc_guard import IssuerError, guarded_session
+
+        session = guarded_session()
+        fetch = session.request
+
+        def request(method, url, *args, **kwargs):
+            try:
+                return fetch(method, url, *args, **kwargs)
+            except IssuerError as exc:
+                http_request = context.request
+                if http_request is None:
+                    raise
+                messages.error(http_request, f"Single sign-on is unavailable: {exc}.")
+                raise ImmediateHttpResponse(redirect("account_login")) from None
+
+        session.request = request
+        return session
 
     def list_apps(self, request, provider=None, client_id=None):
         """allauth's apps, each OIDC app with its client secret unsealed in memory only: the

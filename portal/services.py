@@ -145,6 +145,13 @@ def identity_provider_configure(
         ):
             if not value:
                 errors.setdefault(name, []).append("Required for OpenID Connect.")
+        if issuer:
+            from portal.oidc_guard import IssuerError, check_url
+
+            try:  # the portal fetches from this URL on every sign-in: no internal addresses
+                check_url(issuer, must_resolve=False)
+            except IssuerError as exc:
+                errors.setdefault("issuer", []).append(f"Not allowed: {exc}.")
         key = issuer.rstrip("/")
     elif protocol == IdPProtocol.SAML:
         for name, value in (("entity_id", entity_id), ("sso_url", sso_url), ("x509cert", x509cert)):

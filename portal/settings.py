@@ -141,6 +141,11 @@ SOCIALACCOUNT_EMAIL_AUTHENTICATION_AUTO_CONNECT = False
 SOCIALACCOUNT_EMAIL_VERIFICATION = "none"
 SOCIALACCOUNT_LOGIN_ON_GET = False  # starting a sign-in is a POST (CSRF-protected)
 SOCIALACCOUNT_STORE_TOKENS = False
+# OIDC issuers on loopback, private or link-local addresses are refused (server-side request
+# forgery, portal/oidc_guard.py) unless named here: host names, addresses or CIDR networks.
+FRP_OIDC_ALLOWED_HOSTS = env.list("FRP_OIDC_ALLOWED_HOSTS", default=[])
+# Issuers must use https, except while DEBUG is on (the setting follows DEBUG at start-up).
+FRP_OIDC_ALLOW_HTTP = env.bool("FRP_OIDC_ALLOW_HTTP", default=DEBUG)
 MFA_SUPPORTED_TYPES = ["totp", "recovery_codes"]
 MFA_TOTP_ISSUER = "Federated Research Portal"
 USERSESSIONS_TRACK_ACTIVITY = True

@@ -141,8 +141,8 @@ def url_of(e: Endpoint, world: World, idp: IdentityProvider) -> str | None:
     def fill(match):
         return values.get(match.group(1), "1")
 
-    route = re.sub(r"<(?:\w+:)?(\w+)>", fill, route)
     route = re.sub(r"\(\?P<(\w+)>[^)]*\)", lambda m: values.get(m.group(1), "1"), route)
+    route = re.sub(r"<(?:\w+:)?(\w+)>", fill, route)
     route = route.replace("\\", "")
     return "/" + route
 
@@ -260,3 +260,6 @@ def test_the_walk_reaches_every_portal_post_endpoint(world):
     ):
         assert route in routes, route
     assert len(routes) > 150
+    urls = {url_of(e, w, idp) for e in endpoints()}
+    assert f"/accounts/oidc/{idp.provider_id}/login/" in urls  # regex routes are filled too
+    assert f"/jobs/{w.jobs['A-job'].pk}/stop/" in urls

@@ -24,6 +24,7 @@ from portal.models import (
     ProjectRole,
     Role,
 )
+from portal.secretbox import unseal
 from tests.factories import InstitutionFactory, ProjectFactory, ProjectMemberFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -59,7 +60,8 @@ def test_idp_configure_oidc_creates_social_app_with_issuer():
     app = SocialApp.objects.get(provider_id=idp.provider_id)
     assert app.provider == "openid_connect"
     assert app.settings["server_url"] == "http://127.0.0.2:9000"
-    assert (app.client_id, app.secret) == ("portal", "s")
+    assert (app.client_id, app.secret) == ("portal", "")  # the secret is sealed on the IdP
+    assert unseal(idp.client_secret) == "s"
     assert idp.provider_id.startswith("uni-oidc-")
     assert AuditEvent.objects.filter(action="idp.configure", institution=inst).exists()
 
@@ -71,7 +73,7 @@ def test_idp_configure_keeps_secret_when_left_empty():
     )
     services.identity_provider_configure(client_secret="first", **kwargs)
     idp = services.identity_provider_configure(client_secret="", **kwargs)
-    assert idp.social_app.secret == "first"
+    assert unseal(idp.client_secret) == "first"
     assert SocialApp.objects.count() == 1
 
 
