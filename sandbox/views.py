@@ -26,10 +26,11 @@ def dataset_list(request):
     """The catalogue: every institution's datasets, metadata only, 25 per page."""
     q = request.GET.get("q", "").strip()
     page = Paginator(selectors.dataset_catalogue(q=q), 25).get_page(request.GET.get("page"))
+    stewarded = selectors.stewarded_institution_ids(user=request.user)
     return render(
         request,
         "sandbox/dataset_list.html",
-        {"page_obj": page, "q": q, "can_upload": selectors.is_steward(user=request.user)},
+        {"page_obj": page, "q": q, "can_upload": bool(stewarded), "stewarded": stewarded},
     )
 
 
@@ -65,6 +66,10 @@ def dataset_detail(request, pk: int):
             "form": form,
             "requests": mine,
             "can_upload": selectors.can_upload_to(user=request.user, site=dataset.site),
+            # The dataset's own stewards see exact row counts and sizes; everyone else sees them
+            # under the profile's disclosure rule (a 3-row dataset is "≤7 rows").
+            "exact": dataset.site.institution_id
+            in selectors.stewarded_institution_ids(user=request.user),
         },
     )
 
