@@ -243,6 +243,15 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
+# --- Input limits (sandbox uploads and ingest) ---------------------------------------------------
+# Checked while streaming; a file over a limit is refused with a message naming it. The upload limit
+# matches docker-compose's nginx (client_max_body_size 64m).
+FRP_MAX_UPLOAD_BYTES = env.int("FRP_MAX_UPLOAD_BYTES", default=64 * 1024 * 1024)
+FRP_MAX_COLUMNS = env.int("FRP_MAX_COLUMNS", default=1000)
+FRP_MAX_LINE_CHARS = env.int("FRP_MAX_LINE_CHARS", default=1_000_000)
+# Columns of a dataset's profile per page on the dataset page.
+FRP_PROFILE_PAGE_COLUMNS = 50
+
 # --- Cache ----------------------------------------------------------------------------------------
 # Sign-in rate limits (allauth) and other counters must be shared by every process that serves
 # requests: Redis in compose and PostgreSQL deployments (default: the Redis broker's server), the

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Max
 from django.utils import timezone
@@ -284,6 +285,8 @@ def dataset_ingest(
             delimiter=delimiter,
             missing_values=missing_values,
             schema_override=schema_override,
+            max_columns=settings.FRP_MAX_COLUMNS,
+            max_line_chars=settings.FRP_MAX_LINE_CHARS,
         )
         try:
             with transaction.atomic():
