@@ -87,3 +87,48 @@ def test_failed_sign_ins_are_counted_in_redis(client):
     keys = [k.decode() for k in server.scan_iter(f"{prefix}:*")]
     assert any("rl" in k or "login" in k for k in keys), keys
     server.delete(*keys)  # not cache.clear(): that would flush the Redis database
+
+
+def test_check_deploy_reports_only_what_the_shipped_proxy_covers(tmp_path):
+    """Issue 9, done-when: ``check --deploy`` with the compose environment reports nothing the
+    compose nginx does not do itself (HSTS header, HTTP → HTTPS redirect); the README says so."""
+    import re
+    import secrets
+
+    import yaml
+    from cryptography.fernet import Fernet
+
+    env = {
+        "DEBUG": "False",
+        "SECRET_KEY": secrets.token_urlsafe(50),
+        "ALLOWED_HOSTS": "portal.example.org,web,localhost",
+        "CSRF_TRUSTED_ORIGINS": "https://portal.example.org",
+        "FRP_BEHIND_TLS_PROXY": "True",
+        "DATABASE_URL": "postgres://frp:pw@127.0.0.1:5432/frp",
+        "CELERY_BROKER_URL": "redis://:pw@127.0.0.1:6379/0",
+        "FRP_LEDGER_SIGNER_KEY": "set",
+        "FRP_CALLBACK_KEY": secrets.token_hex(32),
+        "FRP_FIELD_KEYS": Fernet.generate_key().decode(),
+        "EMAIL_URL": "smtp://mailpit:1025",
+    }
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("FRP_", "DATABASE_", "CACHE_", "CELERY_", "EMAIL_", "DJANGO_"))
+    }
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "check", "--deploy"],
+        env={**clean, **env, "FRP_VAR_DIR": str(tmp_path / "var")},
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+
+    reported = set(re.findall(r"\((security\.[WE]\d+)\)", out.stdout + out.stderr))
+    assert reported == {"security.W004", "security.W008"}, out.stdout + out.stderr
+    nginx = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["configs"]["nginx"]["content"]
+    assert 'add_header Strict-Transport-Security "max-age=31536000" always;' in nginx  # W004
+    assert "listen 80;" in nginx and "return 301 https://" in nginx  # W008
+    readme = (ROOT / "README.md").read_text()
+    assert "security.W004" in readme and "security.W008" in readme
