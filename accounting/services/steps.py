@@ -39,7 +39,7 @@ from celery import chain, signature
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
-from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerError
@@ -139,7 +139,10 @@ def failure_reason(exc: BaseException) -> str:
     if isinstance(exc, SoftTimeLimitExceeded):
         text = "the step ran past its time limit"
     else:
-        message = " ".join(str(exc).split())
+        message = str(exc)
+        if isinstance(exc, DatabaseError):  # the database's first line; its DETAIL is row dumps
+            message = message.strip().splitlines()[0] if message.strip() else ""
+        message = " ".join(message.split())
         known = type(exc).__module__.startswith("accounting.")
         text = message if known and message else f"{type(exc).__name__}: {message}".rstrip(": ")
     return text[:REASON_MAX]

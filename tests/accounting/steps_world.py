@@ -25,6 +25,7 @@ from portal.models import Institution, ProjectRole, Role
 from tests.accounting.job_world import utilities_event
 from tests.factories import (
     DatasetVersionFactory,
+    GrantFactory,
     MembershipFactory,
     PriceRuleFactory,
     ProjectFactory,
@@ -126,6 +127,8 @@ def build_steps_world() -> StepsWorld:
             data_credit_rate="0.5",
         )
     project = ProjectFactory()
+    for dv in versions:  # the sites' stewards granted the project their data
+        GrantFactory(dataset=dv.dataset, project=project)
     pi = ProjectMemberFactory(project=project, role=ProjectRole.PRINCIPAL_INVESTIGATOR).user
     world = StepsWorld(versions=versions, project=project, pi=pi)
     institutions = {
