@@ -7,7 +7,11 @@ class AccountingConfig(AppConfig):
     name = "accounting"
 
     def ready(self) -> None:
-        from accounting import panels, receivers
+        from accounting import (
+            panels,
+            receivers,
+            tasks,  # noqa: F401 — registers the step tasks the services chain by name
+        )
         from federation.signals import job_finished
 
         panels.register()

@@ -4,7 +4,8 @@ Each section below belongs to one part of issue 5; the services of that part are
 
 * usage and contribution — ``accounting.services.usage`` / ``accounting.services.contribution``;
 * prices, billing entries, invoices — ``accounting.services.billing``;
-* credit statements (CRediT, ANSI/NISO Z39.104-2022) — ``accounting.services.credit``.
+* credit statements (CRediT, ANSI/NISO Z39.104-2022) — ``accounting.services.credit``;
+* the state of each accounting step of a finished job — ``accounting.services.steps``.
 
 Each record is also a leaf of the core's ledger (``portal.ledger``).
 
@@ -17,6 +18,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 # ---------------------------------------------------------------------------------------------
 # Metering
@@ -325,3 +327,63 @@ class CreditContributor(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+# ---------------------------------------------------------------------------------------------
+# Accounting steps of a finished job (ADR 0015)
+# ---------------------------------------------------------------------------------------------
+
+
+class AccountingStep(models.TextChoices):
+    """The steps that account for a finished job, in the order they run."""
+
+    USAGE = "usage", "Usage"
+    CONTRIBUTION = "contribution", "Contribution"
+    BILLING = "billing", "Billing"
+    CREDIT = "credit", "Credit"
+
+
+class StepStatus(models.TextChoices):
+    """Where a step stands. ``pending`` runs (the chain, or the sweep when the chain was lost);
+    ``failed``, ``partial`` and ``blocked`` wait for an admin's retry after the cause is mended."""
+
+    PENDING = "pending", "Pending"
+    DONE = "done", "Done"
+    PARTIAL = "partial", "Done in part"
+    BLOCKED = "blocked", "Blocked"
+    FAILED = "failed", "Failed"
+
+
+class JobAccountingStep(models.Model):
+    """One accounting step of one finished job: its status, tries and, when it failed, why.
+
+    ``attempts`` counts every run of the step (transient retries included); ``error`` is the
+    readable reason of a ``failed`` step (or the last transient error of a ``pending`` one that
+    is being retried); ``detail`` says what a finished step wrote, or what a ``partial`` or
+    ``blocked`` one waits for. A job with fewer rows than steps has not been (fully) opened for
+    accounting: the sweep opens it.
+    """
+
+    job = models.ForeignKey(
+        "federation.FederatedJob", on_delete=models.CASCADE, related_name="accounting_steps"
+    )
+    step = models.CharField(max_length=16, choices=AccountingStep.choices)
+    status = models.CharField(max_length=16, choices=StepStatus.choices, default=StepStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    detail = models.CharField(max_length=300, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["job", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "step"], name="accounting_step_unique"),
+            models.CheckConstraint(
+                condition=~models.Q(status="failed") | ~models.Q(error=""),
+                name="accounting_step_failed_has_reason",
+            ),
+        ]
+        indexes = [models.Index(fields=["status", "updated_at"], name="accounting_step_status")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} {self.step}: {self.status}"

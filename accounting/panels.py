@@ -1,5 +1,6 @@
-"""What accounting adds to the federation's job page (``portal.panels``): contribution and usage,
-cost and credit cards, and the ``accounting`` section of the job's ``progress.json``. Registered
+"""What accounting adds to the federation's job page (``portal.panels``): the state of its
+accounting steps (for admins), contribution and usage, cost and credit cards, and the
+``accounting`` section of the job's ``progress.json``. Registered
 in ``AccountingConfig.ready()``; the cards are the template tags' (``{% job_contribution job %}``,
 ``{% job_cost job user %}``, ``{% job_credit job user %}``) rendered in the page's slot.
 """
@@ -8,8 +9,24 @@ from __future__ import annotations
 
 from accounting.selectors import billing as billing_selectors
 from accounting.selectors import contribution as contribution_selectors
+from accounting.selectors import steps as steps_selectors
 from accounting.templatetags import billing_tags, contribution_tags, credit_tags
 from portal import panels
+from portal.permissions import can
+
+
+def job_accounting_steps(*, request, job) -> dict | None:
+    """The accounting card of a finished ``job``: each step's status, reason and tries, and the
+    retry button; only for those who may see it (``job.view_accounting``), else nothing."""
+    user = getattr(request, "user", None)
+    if not job.is_terminal or not can(user, "job.view_accounting", job):
+        return None
+    return {
+        "job": job,
+        "accounting": steps_selectors.job_accounting(job=job),
+        "can_retry": can(user, "job.retry_accounting", job),
+        "next": request.get_full_path(),
+    }
 
 
 def job_contribution(*, request, job) -> dict:
@@ -54,6 +71,12 @@ def job_accounting_json(*, request, job) -> dict:
 
 def register() -> None:
     """Fill the job page's slot and its progress JSON."""
+    panels.register(
+        "job_detail",
+        template="accounting/steps/_job.html",
+        context=job_accounting_steps,
+        order=5,
+    )
     panels.register(
         "job_detail",
         template="accounting/contribution/_job.html",

@@ -1,5 +1,7 @@
-"""Celery tasks of accounting, thin and idempotent: account for a finished job (usage →
-contribution → bill → credit) and close last months' invoices.
+"""Celery tasks of accounting, thin and idempotent: one task per accounting step of a finished
+job (usage → contribution → billing → credit, chained by ``steps.job_accounting_chain``; ADR
+0015), the periodic sweep for jobs whose accounting was missed, and the closing of last months'
+invoices.
 """
 
 from __future__ import annotations
@@ -7,49 +9,75 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
+from celery.utils.time import get_exponential_backoff_interval
+from django.conf import settings
 from django.db import connection
 
-from accounting.services import billing
-from accounting.services.billing import job_bill
-from accounting.services.contribution import contribution_score_job
-from accounting.services.credit import credit_statement_draft
-from accounting.services.usage import usage_record_job
+from accounting.models import AccountingStep
+from accounting.services import billing, steps
 
 log = logging.getLogger(__name__)
 _CLOSE_LOCK_ID = 0x494E5643  # "INVC": one closing run at a time (PostgreSQL advisory lock)
+RETRY_MAX_SECONDS = 600  # the longest wait between two tries of a step
 
 
-@shared_task(
-    name="accounting.job_account",
-    acks_late=True,
-    ignore_result=True,
-    autoretry_for=(Exception,),
-    retry_backoff=5,
-    max_retries=5,
-    soft_time_limit=240,
-    time_limit=300,
-)
-def job_account_task(job_id: int) -> dict:
-    """After a job ends: its usage records, contribution scores, billing entries and credit draft.
+def _run_step(task, job_id: int, step: str) -> str:
+    """Run ``step`` of ``job_id``; on a transient error retry with exponential backoff and full
+    jitter (``FRP_ACCOUNTING_RETRY_BACKOFF`` seconds doubled per try, at most
+    ``RETRY_MAX_SECONDS``), at most ``FRP_ACCOUNTING_RETRIES`` times, then record it failed."""
+    try:
+        return steps.job_step_run(job_id=job_id, step=step)
+    except steps.TRANSIENT_ERRORS as exc:
+        limit = settings.FRP_ACCOUNTING_RETRIES
+        if task.request.retries >= limit:
+            return steps.job_step_give_up(job_id=job_id, step=step, exc=exc)
+        countdown = get_exponential_backoff_interval(
+            factor=settings.FRP_ACCOUNTING_RETRY_BACKOFF,
+            retries=task.request.retries,
+            maximum=RETRY_MAX_SECONDS,
+            full_jitter=True,
+        )
+        raise task.retry(exc=exc, countdown=countdown, max_retries=limit) from exc
 
-    Each step is an idempotent service in its own transaction, so a redelivery or a retry after a
-    crash part-way finishes the work without doubling anything. Billing and credit apply only to
-    a completed job (the services check). Returns how many rows each step created.
-    """
-    from federation.models import FederatedJob, JobStatus
 
-    job = FederatedJob.objects.filter(pk=job_id).first()
-    if job is None or not job.is_terminal:
-        return {}
-    done = {
-        "usage": len(usage_record_job(job=job)),
-        "contribution": len(contribution_score_job(job=job)),
-        "billing": len(job_bill(job=job)),
-    }
-    if job.status == JobStatus.COMPLETED:
-        credit_statement_draft(job=job)
-    log.info("accounted for job %s: %s", job_id, done)
-    return done
+_STEP_TASK = {
+    "bind": True,
+    "acks_late": True,
+    "ignore_result": True,
+    "soft_time_limit": 240,
+    "time_limit": 300,
+}
+
+
+@shared_task(name=steps.STEP_TASKS[AccountingStep.USAGE], **_STEP_TASK)
+def job_usage_task(self, job_id: int) -> str:
+    """Step 1: the job's usage records (``usage_record_job``). Returns the step's status."""
+    return _run_step(self, job_id, AccountingStep.USAGE)
+
+
+@shared_task(name=steps.STEP_TASKS[AccountingStep.CONTRIBUTION], **_STEP_TASK)
+def job_contribution_task(self, job_id: int) -> str:
+    """Step 2: the job's contribution scores (``contribution_score_job``)."""
+    return _run_step(self, job_id, AccountingStep.CONTRIBUTION)
+
+
+@shared_task(name=steps.STEP_TASKS[AccountingStep.BILLING], **_STEP_TASK)
+def job_billing_task(self, job_id: int) -> str:
+    """Step 3: the job's billing entries (``job_bill``)."""
+    return _run_step(self, job_id, AccountingStep.BILLING)
+
+
+@shared_task(name=steps.STEP_TASKS[AccountingStep.CREDIT], **_STEP_TASK)
+def job_credit_task(self, job_id: int) -> str:
+    """Step 4: the job's credit statement draft (``credit_statement_draft``)."""
+    return _run_step(self, job_id, AccountingStep.CREDIT)
+
+
+@shared_task(name="accounting.job_accounting_sweep", acks_late=True, ignore_result=True)
+def job_accounting_sweep_task() -> int:
+    """Periodic: queue the accounting of finished jobs that were missed (never started, or a
+    step left pending), one bounded batch under a lock; returns how many jobs were queued."""
+    return len(steps.job_accounting_sweep())
 
 
 @shared_task(name="accounting.invoice_close", acks_late=True, ignore_result=True)

@@ -1,4 +1,5 @@
-"""URLs of accounting: prices, invoices and institution billing, credit statements."""
+"""URLs of accounting: prices, invoices and institution billing, credit statements, the jobs
+whose accounting failed and their retry."""
 
 from django.urls import path  # noqa: F401 — each part adds its routes below
 
@@ -25,4 +26,18 @@ urlpatterns += [
     path("credit/jobs/<int:pk>/credit.txt", credit_views.statement_text, name="credit_text"),
     path("credit/jobs/<int:pk>/draft/", credit_views.statement_draft, name="credit_draft"),
     path("credit/jobs/<int:pk>/edit/", credit_views.statement_edit, name="credit_edit"),
+]
+
+# --- accounting steps ------------------------------------------------------------------------
+
+from accounting.views import steps as steps_views  # noqa: E402
+
+urlpatterns += [
+    path("jobs/", steps_views.failures, name="accounting_failures"),
+    path(
+        "institutions/<slug:slug>/jobs/",
+        steps_views.institution_failures,
+        name="institution_accounting",
+    ),
+    path("jobs/<int:pk>/retry/", steps_views.retry, name="job_accounting_retry"),
 ]

@@ -3,7 +3,7 @@
 ``job_finished`` is sent (``sender=FederatedJob``, ``job=…``) when the SuperLink's end of a job's run
 has been recorded (``federation.services.job_reconcile``: COMPLETED, FAILED or STOPPED), inside the
 transaction that records it. A receiver that starts work puts it on ``transaction.on_commit``; an
-app above connects its receivers in its ``AppConfig.ready()`` (accounting: ``job_account``).
+app above connects its receivers in its ``AppConfig.ready()`` (accounting: its chain of steps, ADR 0016).
 """
 
 from django.dispatch import Signal

@@ -38,6 +38,8 @@ ACTIONS = frozenset(
         "price.manage",
         "invoice.view",
         "job.view_cost",
+        "job.view_accounting",
+        "job.retry_accounting",
         "credit.view",
         "credit.edit",
         "ledger.view",
@@ -58,7 +60,9 @@ def can(user, action: str, obj=None) -> bool:
     the institution's admins (and platform admins); ``job.view_cost`` and ``credit.view``
     (obj: FederatedJob): the project's members, platform admins and the admins of the
     project's and the job's sites' institutions; ``credit.edit`` (obj: FederatedJob): PIs of
-    its project only.
+    its project only. ``job.view_accounting`` and ``job.retry_accounting`` (obj: FederatedJob;
+    the state of its accounting steps, and queueing them again): platform admins and the admins
+    of the project's and the job's sites' institutions.
     ``ledger.view`` (obj: None; any member of an institution, and platform admins).
     Unknown actions raise ``ValueError`` so a typo cannot silently allow or deny.
     """
@@ -102,6 +106,16 @@ def can(user, action: str, obj=None) -> bool:
         return can(user, "institution.admin", getattr(obj, "institution", obj))
     if action in {"job.view_cost", "credit.view"}:
         if user.is_staff or _project_role(user, obj.project) is not None:
+            return True
+        involved = {
+            obj.project.institution_id,
+            *obj.sites.values_list("site__institution_id", flat=True),
+        }
+        return Membership.objects.filter(
+            user=user, institution_id__in=involved, role=Role.INSTITUTION_ADMIN
+        ).exists()
+    if action in {"job.view_accounting", "job.retry_accounting"}:
+        if user.is_staff:
             return True
         involved = {
             obj.project.institution_id,

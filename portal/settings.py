@@ -223,6 +223,7 @@ CELERY_TASK_SOFT_TIME_LIMIT = 600
 CELERY_TASK_TIME_LIMIT = 660
 _RECONCILE_SECONDS = env.float("FRP_RECONCILE_SECONDS", default=5.0)
 _LEDGER_CHECKPOINT_SECONDS = env.float("FRP_LEDGER_CHECKPOINT_SECONDS", default=60.0)
+_ACCOUNTING_SWEEP_SECONDS = env.float("FRP_ACCOUNTING_SWEEP_SECONDS", default=300.0)
 CELERY_BEAT_SCHEDULE = {
     "federation-reconcile": {
         "task": "federation.job_reconcile_all",
@@ -235,6 +236,12 @@ CELERY_BEAT_SCHEDULE = {
         "task": "accounting.invoice_close",
         "schedule": crontab(minute=17),
         "options": {"expires": 3000},
+    },
+    # Queue the accounting of finished jobs whose hand-off was lost or left a step pending.
+    "accounting-sweep": {
+        "task": "accounting.job_accounting_sweep",
+        "schedule": _ACCOUNTING_SWEEP_SECONDS,
+        "options": {"expires": _ACCOUNTING_SWEEP_SECONDS},
     },
     "portal-ledger-checkpoint": {
         "task": "portal.ledger_checkpoint_create",
@@ -274,6 +281,12 @@ if not _SQLITE and CACHES["default"]["BACKEND"].endswith("LocMemCache"):
 # --- Accounting ---------------------------------------------------------------------------------
 # The federation's one billing currency (ISO 4217) for price rules and invoices.
 FRP_BILLING_CURRENCY = env.str("FRP_BILLING_CURRENCY", default="EUR")
+# Accounting steps of a finished job (ADR 0015): tries of a step after a transient error (database
+# or broker away), the first wait in seconds (doubled per try, full jitter, at most 600 s), and how
+# long a finished job or a pending step waits before the sweep queues it again.
+FRP_ACCOUNTING_RETRIES = env.int("FRP_ACCOUNTING_RETRIES", default=5)
+FRP_ACCOUNTING_RETRY_BACKOFF = env.int("FRP_ACCOUNTING_RETRY_BACKOFF", default=10)
+FRP_ACCOUNTING_SWEEP_GRACE_SECONDS = env.float("FRP_ACCOUNTING_SWEEP_GRACE_SECONDS", default=900.0)
 
 # --- Federation ---------------------------------------------------------------------------------
 # Where the Flower CLI keeps its config.toml naming the SuperLink (see federation/superlink.py).

@@ -1,1 +1,1 @@
-"""Reads of accounting, one module per part: usage, contribution, billing, credit."""
+"""Reads of accounting, one module per part: usage, contribution, billing, credit, steps."""

@@ -1,1 +1,1 @@
-"""Accounting pages, one module per part: contribution, billing, credit."""
+"""Accounting pages, one module per part: contribution, billing, credit, accounting steps."""

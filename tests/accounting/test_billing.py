@@ -14,7 +14,8 @@ from django.utils import timezone
 
 from accounting.models import BillingEntry, Invoice, InvoiceStatus, PriceRule
 from accounting.services import billing
-from accounting.tasks import invoice_close_task, job_account_task
+from accounting.services.steps import job_accounting_chain
+from accounting.tasks import invoice_close_task
 from federation.models import JobStatus
 from portal.ledger.models import LedgerEntry
 from portal.models import AuditEvent
@@ -459,11 +460,12 @@ def test_next_month_crosses_the_year():
 def test_tasks_close_invoices_and_bill_jobs_idempotently(world, eager_celery):
     job = world.job("B", dt.date(2025, 3, 20), {"C": (8, 16, 0, 7200)})
 
-    assert job_account_task.delay(job.pk).get()["billing"] == 2
-    assert job_account_task.delay(job.pk).get()["billing"] == 0
+    job_accounting_chain(job.pk).delay()  # the steps' chain: usage, contribution, billing, credit
+    assert BillingEntry.objects.filter(job=job).count() == 2
+    job_accounting_chain(job.pk).delay()
+    assert BillingEntry.objects.filter(job=job).count() == 2
     assert invoice_close_task.delay().get() == 2
     assert invoice_close_task.delay().get() == 0
-    assert job_account_task.name == "accounting.job_account"
     assert invoice_close_task.name == "accounting.invoice_close"
 
 

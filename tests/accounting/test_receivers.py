@@ -1,13 +1,12 @@
 """Accounting takes a finished job from the federation's ``job_finished`` signal (connected in
-``AccountingConfig.ready()``) and queues ``job_account`` only once the job's end has committed."""
+``AccountingConfig.ready()``) and queues the job's chain of steps only once the job's end has
+committed; nothing is written in the federation's transaction."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
-from accounting import receivers
+from accounting.models import JobAccountingStep
 from federation.models import FederatedJob
 from federation.signals import job_finished
 from tests.factories import BillingJobFactory
@@ -15,20 +14,24 @@ from tests.factories import BillingJobFactory
 pytestmark = pytest.mark.django_db
 
 
-def test_job_finished_queues_job_account_after_commit(
-    monkeypatch, django_capture_on_commit_callbacks
+def test_job_finished_queues_the_steps_after_commit(
+    eager_celery, django_capture_on_commit_callbacks
 ):
     job = BillingJobFactory()
-    queued: list[int] = []
-    monkeypatch.setattr(receivers, "job_account_task", SimpleNamespace(delay=queued.append))
 
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         job_finished.send(sender=FederatedJob, job=job)
-    assert queued == []  # nothing leaves before the commit
+    assert not JobAccountingStep.objects.filter(job=job).exists()  # nothing before the commit
+    assert len(callbacks) == 1
 
     for callback in callbacks:
-        callback()
-    assert queued == [job.pk]
+        callback()  # the chain, run in-process here
+    assert sorted(JobAccountingStep.objects.filter(job=job).values_list("step", "status")) == [
+        ("billing", "done"),
+        ("contribution", "done"),
+        ("credit", "done"),
+        ("usage", "done"),
+    ]
 
 
 def test_receiver_is_connected_once():

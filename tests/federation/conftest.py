@@ -149,6 +149,9 @@ def flower_world(slugs, *, root: Path, live_server, django_db_blocker):
                 # No periodic ledger checkpoint during a module (its task has its own tests): a
                 # worker transaction must not overlap the live server's flush between tests.
                 FRP_LEDGER_CHECKPOINT_SECONDS="3600",
+                # Nor the accounting sweep (its worker test: tests/accounting/test_steps_worker.py);
+                # the job's own hand-off accounts for it.
+                FRP_ACCOUNTING_SWEEP_SECONDS="3600",
                 FRP_VAR_DIR=str(root / "worker-var"),
                 FRP_REPLY_LOG_DIR=str(root / "reply-logs"),
             )

@@ -30,6 +30,7 @@ from accounting.models import (
     BillingEntry,
     ContributionScore,
     CreditStatement,
+    JobAccountingStep,
     PriceRule,
     UsageRecord,
 )
@@ -71,6 +72,7 @@ class Outcome:
     billing: list
     credit_names: list
     ledger_kinds: Counter
+    accounting_steps: dict
     forged_callbacks: dict  # run-config value used as the key → HTTP status of the callback
     real_key_callback: tuple  # (status, body) of a callback signed with the run's real key
     failure_reason_after: str
@@ -107,7 +109,7 @@ def outcome(flower_job_world, django_db_blocker) -> Outcome:
             wait_for(
                 lambda: CreditStatement.objects.filter(job=job).exists(),
                 timeout=60,
-                what="the worker's accounting task (job_account)",
+                what="the worker's accounting chain (its last step drafts the credit)",
             )
         forged, real = _forged_callbacks(w, job)
         usage = list(UsageRecord.objects.filter(job=job).select_related("site"))
@@ -132,6 +134,9 @@ def outcome(flower_job_world, django_db_blocker) -> Outcome:
                 [c.name for c in statement.contributors.all()] if statement is not None else []
             ),
             ledger_kinds=Counter(LedgerEntry.objects.values_list("kind", flat=True)),
+            accounting_steps=dict(
+                JobAccountingStep.objects.filter(job=job).values_list("step", "status")
+            ),
             forged_callbacks=forged,
             real_key_callback=real,
             failure_reason_after=FederatedJob.objects.get(pk=job.pk).failure_reason,
@@ -283,8 +288,11 @@ def test_canary_never_leaves_the_site(outcome, flower_job_world):
 
 
 def test_worker_bills_and_credits_the_finished_job(outcome):
-    """The real worker's ``job_account`` task ran after the end: bills, credit, ledger leaves."""
+    """The real worker's accounting chain ran after the end: bills, credit, ledger leaves."""
     assert outcome.job.status == JobStatus.COMPLETED
+    assert outcome.accounting_steps == dict.fromkeys(
+        ("usage", "contribution", "billing", "credit"), "done"
+    )
     kinds = {(e.site.slug, e.kind) for e in outcome.billing}
     sites = {u.site.slug for u in outcome.usage}
     # Every site's compute is priced (a zero charge on the project's own institution's pool).

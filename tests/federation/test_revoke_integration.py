@@ -99,7 +99,7 @@ def outcome(three_site_world, django_db_blocker) -> Outcome:
                 wait_for(
                     lambda: CreditStatement.objects.filter(job=job).exists(),
                     timeout=60,
-                    what="the worker's accounting task (job_account)",
+                    what="the worker's accounting chain (its last step drafts the credit)",
                 )
         site_rounds = {
             slug: sorted(

@@ -34,7 +34,9 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.test import Client
+from django.utils import timezone
 
+from accounting.models import AccountingStep, JobAccountingStep
 from federation import callbacks
 from federation.models import FederatedJob, JobStatus, ModelRelease, ReleaseStatus
 from frp_flwr.signing import sign
@@ -322,6 +324,87 @@ def _access_status(pick: Callable[[World], AccessRequest]) -> Callable[[World], 
     return lambda w: AccessRequest.objects.get(pk=pick(w).pk).status
 
 
+ADMINS = frozenset({f"institution-admin@{i}" for i in ("A", "B", "C")} | {PLATFORM_ADMIN})
+
+
+def job_accounting_admins(j: str) -> frozenset[str]:
+    """``job.view_accounting`` / ``job.retry_accounting``: the platform admin and the admins of
+    the project's and the job's sites' institutions."""
+    institutions = {PROJECT_INSTITUTION[JOB_PROJECT[j]], *JOB_SITE_INSTITUTIONS[j]}
+    return frozenset({PLATFORM_ADMIN} | {f"institution-admin@{i}" for i in institutions})
+
+
+def _accounting_failed(j: str) -> Callable[[World], None]:
+    """The job ended and its contribution step failed (the others done)."""
+
+    def prepare(w: World) -> None:
+        job = w.jobs[j]
+        FederatedJob.objects.filter(pk=job.pk).update(
+            status=JobStatus.COMPLETED, finished_at=timezone.now()
+        )
+        for step in AccountingStep.values:
+            failed = step == AccountingStep.CONTRIBUTION
+            JobAccountingStep.objects.create(
+                job=job,
+                step=step,
+                status="failed" if failed else "done",
+                error="no utility for coalition {1} was reported" if failed else "",
+            )
+
+    return prepare
+
+
+def _accounting_states(j: str) -> Callable[[World], object]:
+    return lambda w: sorted(
+        JobAccountingStep.objects.filter(job=w.jobs[j]).values_list("step", "status")
+    )
+
+
+def _accounting_endpoints() -> list[Endpoint]:
+    """The jobs whose accounting failed (admins, scoped) and the retry (the job's admins)."""
+    retry = lambda w: f"/accounting/jobs/{w.jobs['A-job'].pk}/retry/"  # noqa: E731
+    return [
+        _get(
+            "/accounting/jobs/",
+            lambda w: "/accounting/jobs/",
+            ADMINS,
+            prepare=_accounting_failed("A-job"),
+            listed=ALL_JOB_TITLES,
+            shows=lambda actor: frozenset(
+                {JOB_TITLES["A-job"]} if actor in job_accounting_admins("A-job") else set()
+            ),
+        ),
+        *(
+            _get(
+                f"/accounting/institutions/<{i}>/jobs/",
+                lambda w, i=i: f"/accounting/institutions/{w.institutions[i].slug}/jobs/",
+                institution_admins(i),
+                prepare=_accounting_failed("A-job"),
+                listed=ALL_JOB_TITLES,
+                shows=lambda actor, i=i: frozenset(
+                    {JOB_TITLES["A-job"]} if i in JOB_SITE_INSTITUTIONS["A-job"] else set()
+                ),
+            )
+            for i in ("A", "B", "C")
+        ),
+        _post(
+            "/accounting/jobs/<A-job>/retry/",
+            retry,
+            job_accounting_admins("A-job"),
+            allowed=redirect(_to(_job_url("A-job")), changes=True),
+            data=lambda w, a: {},
+            prepare=_accounting_failed("A-job"),
+            effect=_accounting_states("A-job"),
+            result=[
+                ("billing", "done"),
+                ("contribution", "pending"),  # queued again (the chain runs on commit)
+                ("credit", "done"),
+                ("usage", "done"),
+            ],
+        ),
+    ]
+
+
 def _sandbox_endpoints() -> list[Endpoint]:
     """Dataset catalogue (any signed-in user), access requests (project members ask, the owning
     institution's stewards decide and revoke), airlock decisions (participating sites' stewards)."""
@@ -574,6 +657,7 @@ ENDPOINTS: list[Endpoint] = [
         for page in ("prices", "billing")
     ),
     *_sandbox_endpoints(),
+    *_accounting_endpoints(),
     _get("/ledger/", lambda w: "/ledger/", SIGNED_IN),  # ids/figures only
     _get(
         "/admin/",
