@@ -1,7 +1,7 @@
 # One image for every part of the Federated Research Portal that runs our code: the web server
 # (gunicorn), the Celery worker, beat and Flower (ops UI), the Flower SuperLink (whose ServerApp
-# imports federation.signing) and each site's Flower SuperNode (whose ClientApp imports the sandbox
-# loader). See docker-compose.yml and docs/deployment.md.
+# signs callbacks with the key in its environment, ADR 0013) and each site's Flower SuperNode (whose
+# ClientApp imports the sandbox loader). See docker-compose.yml and docs/deployment.md.
 #
 #   docker build -t federated-research-portal:latest .
 FROM python:3.11-slim-bookworm

@@ -10,6 +10,8 @@
 # under ./var. Nothing here needs a server to be installed.
 set -euo pipefail
 cd "$(dirname "$0")"
+# Everything under ./var (database, keys, mail, logs, the SuperLink's database) is ours alone.
+umask 077
 
 EXIT_AFTER_JOB=0
 for arg in "$@"; do

@@ -398,7 +398,7 @@ def raw_run_config(world: World, rounds: int, args: argparse.Namespace) -> dict:
 
     with transaction.atomic():
         job = services.job_submit(**_submit_kwargs(world, rounds, args, "overhead benchmark (raw)"))
-        config = services.job_run_config(job)
+        config = services.job_run_config(job).to_flower()
         transaction.set_rollback(True)  # nothing recorded, and the queued launch never fires
     config["callback-url"] = ""
     return config
@@ -680,6 +680,7 @@ def main(argv: list[str] | None = None) -> int:
         from django.core.management import call_command
 
         from demo.seed import demo_seed
+        from federation import callbacks
         from federation.selectors import local_sites
         from sandbox.selectors import usable_versions
 
@@ -701,7 +702,9 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
-        state = runtime.start(var / "federation", local_sites())
+        state = runtime.start(
+            var / "federation", local_sites(), superlink_env=callbacks.serverapp_environment()
+        )
         runtime.write_control_config(
             settings.FRP_FLWR_HOME, settings.FRP_FEDERATION_NAME, state.superlink_address
         )

@@ -13,6 +13,7 @@ from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 
+from allauth.account.models import EmailAddress
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
@@ -84,6 +85,11 @@ def _user(username: str, *, first: str, last: str, domain: str, staff: bool = Fa
     if created:
         user.set_password(DEMO_PASSWORD)
         user.save()
+    # Onboarded demo accounts have confirmed their address (sign-in requires it: mandatory
+    # e-mail verification).
+    EmailAddress.objects.update_or_create(
+        user=user, email=user.email, defaults={"verified": True, "primary": True}
+    )
     return user
 
 

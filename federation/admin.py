@@ -3,10 +3,11 @@
 from django.contrib import admin
 
 from federation.models import ComputePool, FederatedJob, JobSite, RoundMetric
+from portal.admin import SafeAutocompleteAdmin
 
 
 @admin.register(ComputePool)
-class ComputePoolAdmin(admin.ModelAdmin):
+class ComputePoolAdmin(SafeAutocompleteAdmin):
     list_display = ["name", "site", "slots"]
     list_filter = ["site__institution"]
     autocomplete_fields = ["site"]
@@ -43,5 +44,5 @@ class FederatedJobAdmin(admin.ModelAdmin):
     list_display = ["id", "title", "project", "status", "flower_run_id", "created_at"]
     list_filter = ["status"]
     search_fields = ["title", "flower_run_id"]
-    readonly_fields = ["callback_token", "flower_run_id", "final_metrics", "failure_reason"]
+    readonly_fields = ["callback_seq", "flower_run_id", "final_metrics", "failure_reason"]
     inlines = [JobSiteInline, RoundMetricInline]

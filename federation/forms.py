@@ -5,15 +5,25 @@ from __future__ import annotations
 from django import forms
 
 from portal.selectors import projects_for_user
-from sandbox.selectors import usable_versions
+from sandbox.selectors import stewarded_institution_ids, usable_versions
 
 
 class DatasetChoiceField(forms.ModelMultipleChoiceField):
+    """Datasets by title, version and site; rows under the profile's disclosure rule unless the
+    user is a steward of the dataset's institution (``exact_for``: institution ids)."""
+
+    exact_for: set[int] = frozenset()
+
     def label_from_instance(self, obj) -> str:
-        return (
-            f"{obj.dataset.title} v{obj.version} · {obj.dataset.site.name} "
-            f"({obj.dataset.site.institution.name}) · {obj.row_count:,} rows"
+        from sandbox.templatetags.sandbox_tags import disclosed
+
+        site = obj.dataset.site
+        rows = (
+            f"{obj.row_count:,}"
+            if site.institution_id in self.exact_for
+            else disclosed(obj.row_count)
         )
+        return f"{obj.dataset.title} v{obj.version} · {site.name} ({site.institution.name}) · {rows} rows"
 
 
 class JobSubmitForm(forms.Form):
@@ -56,6 +66,7 @@ class JobSubmitForm(forms.Form):
         super().__init__(*args, **kwargs)
         projects = projects_for_user(user=user)
         self.fields["project"].queryset = projects
+        self.fields["datasets"].exact_for = stewarded_institution_ids(user=user)
         if len(projects) == 1:
             self.fields["project"].initial = projects[0].pk
         self.fields["datasets"].queryset = self._versions_queryset(projects)

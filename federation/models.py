@@ -3,8 +3,6 @@
 Sites are the core's (``portal.models.Site``): a pool belongs to a site, a job runs at sites.
 """
 
-import secrets
-
 from django.conf import settings
 from django.db import models
 
@@ -56,6 +54,9 @@ class JobStatus(models.TextChoices):
 
 
 def _new_callback_token() -> str:
+    """Referenced by migration 0001 only (the callback token left the run config: ADR 0014)."""
+    import secrets
+
     return secrets.token_hex(32)
 
 
@@ -79,7 +80,11 @@ class FederatedJob(models.Model):
     learning_rate = models.FloatField(default=0.1)
 
     flower_run_id = models.CharField(max_length=32, blank=True, help_text="uint64, as text.")
-    callback_token = models.CharField(max_length=64, default=_new_callback_token, editable=False)
+    callback_seq = models.PositiveBigIntegerField(
+        default=0,
+        editable=False,
+        help_text="Sequence number of the last ServerApp event accepted (each is accepted once).",
+    )
     final_metrics = models.JSONField(default=dict, blank=True)
     failure_reason = models.TextField(blank=True, help_text="Reason reported by the ServerApp.")
 

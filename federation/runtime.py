@@ -2,7 +2,10 @@
 
 Each process gets its own ``FLWR_HOME`` and a free loopback port; each SuperNode is told its site id,
 its store URL and its keyring directory through ``--node-config`` (so the ClientApp opens only that
-site's data). The state file (``<root>/federation.json``) records pids, ports and log files so other
+site's data). Only the SuperLink gets the environment its ServerApps sign callbacks with
+(``superlink_env``, ADR 0014): the callback key's variables are removed from every SuperNode's
+environment. Every process runs with umask 077, so the SuperLink's database, the homes and the logs
+are 0600 files in 0700 folders. The state file (``<root>/federation.json``) records pids, ports and log files so other
 processes (the portal, tests, benchmarks) can find and stop it. Imports no Django.
 
 In a multi-host deployment each institution runs its own SuperNode (see docker-compose.yml) and this
@@ -23,6 +26,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from frp_flwr.signing import KEY_ENV, KEY_FILE_ENV
+
+#: Never passed to a SuperNode: the ServerApp's callback key (see frp_flwr.signing).
+_SERVERAPP_ONLY = (KEY_ENV, KEY_FILE_ENV)
+
 
 class RuntimeError_(Exception):
     """The local federation could not be started or found."""
@@ -35,6 +43,7 @@ class LocalSite:
     site: str
     store_url: str
     keyring: str
+    received_log: str = ""  # optional: the ClientApp appends every message it receives here
 
 
 @dataclass
@@ -61,9 +70,12 @@ def _bin(name: str) -> str:
     return str(candidate) if candidate.exists() else (shutil.which(name) or name)
 
 
-def _env(flwr_home: Path) -> dict[str, str]:
-    flwr_home.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
+def _env(flwr_home: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The process environment: ours without the ServerApp-only variables, plus ``extra``."""
+    flwr_home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(flwr_home, 0o700)
+    env = {k: v for k, v in os.environ.items() if k not in _SERVERAPP_ONLY}
+    env.update(extra or {})
     # Flower starts its own helpers (flower-superexec, …) by name: put this environment first.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.update({"FLWR_HOME": str(flwr_home), "FLWR_TELEMETRY_ENABLED": "0"})
@@ -84,6 +96,11 @@ def _wait_port(host: str, port: int, timeout: float, proc: subprocess.Popen, log
     raise RuntimeError_(f"nothing listening on {host}:{port} after {timeout:.0f} s")
 
 
+def _log(path: Path):
+    """A log file opened for appending, created 0600."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
+
+
 def write_control_config(flwr_home: Path, name: str, address: str) -> Path:
     """Write ``$FLWR_HOME/config.toml`` naming the SuperLink connection ``name`` at ``address``."""
     flwr_home.mkdir(parents=True, exist_ok=True)
@@ -95,14 +112,23 @@ def write_control_config(flwr_home: Path, name: str, address: str) -> Path:
     return path
 
 
-def start(root: Path, sites: list[LocalSite], *, host: str = "127.0.0.1") -> FederationState:
+def start(
+    root: Path,
+    sites: list[LocalSite],
+    *,
+    host: str = "127.0.0.1",
+    superlink_env: dict[str, str] | None = None,
+) -> FederationState:
     """Start a SuperLink and one SuperNode per site under ``root``; return their state.
 
-    Raises ``RuntimeError_`` (after stopping what it started) when a process does not come up.
+    ``superlink_env``: extra environment of the SuperLink alone (its ServerApp processes inherit
+    it), e.g. ``federation.callbacks.serverapp_environment()``. Raises ``RuntimeError_`` (after
+    stopping what it started) when a process does not come up.
     """
-    root.mkdir(parents=True, exist_ok=True)
+    for folder in (root, root / "logs"):
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(folder, 0o700)
     logs = root / "logs"
-    logs.mkdir(exist_ok=True)
     port = free_port(host)
     sl_log = logs / "superlink.log"
     superlink = subprocess.Popen(
@@ -117,10 +143,11 @@ def start(root: Path, sites: list[LocalSite], *, host: str = "127.0.0.1") -> Fed
             "--port",
             str(port),
         ],
-        env=_env(root / "superlink-home"),
-        stdout=sl_log.open("ab"),
+        env=_env(root / "superlink-home", superlink_env),
+        stdout=_log(sl_log),
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        umask=0o077,
     )
     state = FederationState(
         root=str(root),
@@ -134,6 +161,8 @@ def start(root: Path, sites: list[LocalSite], *, host: str = "127.0.0.1") -> Fed
             node_port = free_port(host)
             log = logs / f"supernode-{site.site}.log"
             node_config = f'site="{site.site}" store="{site.store_url}" keyring="{site.keyring}"'
+            if site.received_log:
+                node_config += f' received-log="{site.received_log}"'
             proc = subprocess.Popen(
                 [
                     _bin("flower-supernode"),
@@ -148,9 +177,10 @@ def start(root: Path, sites: list[LocalSite], *, host: str = "127.0.0.1") -> Fed
                     node_config,
                 ],
                 env=_env(root / f"supernode-{site.site}-home"),
-                stdout=log.open("ab"),
+                stdout=_log(log),
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                umask=0o077,
             )
             state.supernodes[site.site] = proc.pid
             state.logs[f"supernode-{site.site}"] = str(log)
@@ -158,7 +188,10 @@ def start(root: Path, sites: list[LocalSite], *, host: str = "127.0.0.1") -> Fed
     except Exception:
         stop(state)
         raise
-    (root / "federation.json").write_text(json.dumps(asdict(state), indent=2))
+    with os.fdopen(
+        os.open(root / "federation.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w"
+    ) as fh:
+        fh.write(json.dumps(asdict(state), indent=2))
     return state
 
 

@@ -14,7 +14,6 @@ callback changes nothing.
 
 from __future__ import annotations
 
-import json
 import logging
 from datetime import timedelta
 from pathlib import Path
@@ -38,6 +37,7 @@ from federation.models import (
     SiteRoundMetric,
 )
 from federation.signals import job_finished
+from frp_flwr import contract
 from portal.ledger.services import ledger_append
 from portal.models import Role
 from portal.permissions import can
@@ -187,39 +187,39 @@ def job_submit(
 # ---------------------------------------------------------------------------------------------
 
 
-def job_run_config(job: FederatedJob) -> dict:
-    """The Flower run config of ``job``: job spec (sites → store keys), callback, hyper-parameters."""
-    spec = {
-        "sites": {
-            js.site.slug: {
-                "store_key": js.dataset_version.store_key,
-                "dataset": js.dataset_version.dataset.slug,
-                "version": js.dataset_version.version,
-            }
+def job_run_config(job: FederatedJob) -> contract.RunConfig:
+    """The Flower run config of ``job`` (``frp_flwr.contract.RunConfig``): job spec (sites →
+    store keys), callback URL, hyper-parameters. It reaches every SuperNode: no secret in it."""
+    spec = contract.JobSpec(
+        sites={
+            js.site.slug: contract.SitePointer(
+                store_key=js.dataset_version.store_key,
+                dataset=js.dataset_version.dataset.slug,
+                version=js.dataset_version.version,
+            )
             for js in job.sites.select_related("site", "dataset_version__dataset")
         },
-        "target": job.target_column,
-        "features": job.feature_columns,
-        "min_sites": MIN_SITES,
-    }
+        target=job.target_column,
+        features=list(job.feature_columns),
+        min_sites=MIN_SITES,
+    )
     callback = settings.FRP_CALLBACK_BASE_URL.rstrip("/") + reverse(
         "federation:job_callback", args=[job.pk]
     )
-    return {
-        "job-id": job.pk,
-        "job-spec": json.dumps(spec, separators=(",", ":")),
-        "callback-url": callback,
-        "callback-token": job.callback_token,
-        "num-rounds": job.num_rounds,
-        "local-epochs": job.local_epochs,
-        "learning-rate": float(job.learning_rate),
-        "round-timeout": float(settings.FRP_ROUND_TIMEOUT),
-        "reply-log": (
+    return contract.RunConfig(
+        job_id=job.pk,
+        job_spec=spec.to_text(),
+        callback_url=callback,
+        num_rounds=job.num_rounds,
+        local_epochs=job.local_epochs,
+        learning_rate=float(job.learning_rate),
+        round_timeout=float(settings.FRP_ROUND_TIMEOUT),
+        reply_log=(
             str(Path(settings.FRP_REPLY_LOG_DIR) / f"job-{job.pk}-replies.jsonl")
             if settings.FRP_REPLY_LOG_DIR
             else ""
         ),
-    }
+    )
 
 
 def _fail(job: FederatedJob, reason: str) -> None:
@@ -262,7 +262,7 @@ def job_launch(*, job_id: int) -> FederatedJob:
         job.status_detail = "submitting the run to the SuperLink"
         job.started_at = timezone.now()
         job.save(update_fields=["status", "status_detail", "started_at"])
-        run_config = job_run_config(job)
+        run_config = job_run_config(job).to_flower()
 
     try:
         run_id = superlink.run_submit(superlink_connection(), run_config)
@@ -295,179 +295,166 @@ def job_launch(*, job_id: int) -> FederatedJob:
 # ---------------------------------------------------------------------------------------------
 
 
-def _opt_float(value) -> float | None:
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if f != f else f  # NaN → None
+def _unknown_sites(names, sites: dict[str, JobSite], what: str) -> None:
+    unknown = sorted(set(names) - set(sites))
+    if unknown:
+        raise JobError(f"{what} names sites outside the job: {', '.join(unknown)}")
 
 
-def _count(value) -> int:
-    """A non-negative integer count (bytes, examples) from a callback value; junk → 0."""
-    try:
-        return max(0, int(value))
-    except (TypeError, ValueError):
-        return 0
+def _results_final(job: FederatedJob, what: str) -> None:
+    """Refuse an event that would change results already recorded as final."""
+    if "rounds" in job.final_metrics:
+        raise JobError(f"the job's final results are recorded; {what} cannot change them")
 
 
-#: ``final_metrics`` keys written by other events, kept when ``finished`` is delivered again.
-_KEPT_ON_FINISH = ("contribution", "flower")
+def _record_started(job: FederatedJob, sites: dict[str, JobSite], event: contract.Started):
+    """Discovery: each found site's node id (it trains from now on); sites that erred fail."""
+    _unknown_sites([*event.nodes, *event.errors, *event.missing], sites, "started")
+    for slug, node_id in event.nodes.items():
+        js = sites[slug]
+        js.node_id = node_id
+        js.status = JobSiteStatus.TRAINING
+        js.save(update_fields=["node_id", "status"])
+    for slug, error in event.errors.items():
+        sites[slug].status = JobSiteStatus.FAILED
+        sites[slug].last_error = error[:2000]
+        sites[slug].save(update_fields=["status", "last_error"])
 
 
-def _contribution(payload: dict, sites: dict[str, JobSite]) -> dict:
-    """The ``contribution`` event as stored in ``job.final_metrics["contribution"]``.
+def _record_round(job: FederatedJob, sites: dict[str, JobSite], event: contract.Round):
+    """One round: each site's ``SiteRoundMetric`` (metrics and metering; a site that did not
+    reply ok is dropped with its error) and, unless ``partial``, the round's aggregate."""
+    _results_final(job, f"round {event.round}")
+    if event.round > job.num_rounds:
+        raise JobError(f"round {event.round} is beyond the job's {job.num_rounds} rounds")
+    _unknown_sites(event.sites, sites, f"round {event.round}")
+    for slug, info in event.sites.items():
+        js = sites[slug]
+        SiteRoundMetric.objects.update_or_create(
+            job_site=js,
+            round=event.round,
+            defaults={
+                "ok": info.ok,
+                "error": info.error[:2000],
+                "train_examples": info.train_examples,
+                "eval_examples": info.eval_examples,
+                "train_loss": info.train_loss,
+                "eval_loss": info.eval_loss,
+                "eval_accuracy": info.eval_accuracy,
+                "cpu_seconds": info.cpu_seconds,
+                "wall_seconds": info.wall_seconds,
+                "bytes_received": info.bytes_received,
+                "bytes_sent": info.bytes_sent,
+            },
+        )
+        js.rounds_completed = js.round_metrics.filter(ok=True).count()
+        if not info.ok:
+            js.status = JobSiteStatus.DROPPED
+            js.last_error = info.error[:2000]
+        js.save(update_fields=["rounds_completed", "status", "last_error"])
+    if not event.partial:
+        RoundMetric.objects.update_or_create(
+            job=job,
+            round=event.round,
+            defaults={
+                "train_loss": event.train_loss,
+                "eval_loss": event.eval_loss,
+                "eval_accuracy": event.eval_accuracy,
+                "num_examples": event.train_examples,
+                "sites_replied": sum(1 for i in event.sites.values() if i.ok),
+                "wall_seconds": event.wall_seconds,
+            },
+        )
+
+
+def _record_finished(job: FederatedJob, sites: dict[str, JobSite], event: contract.Finished):
+    """The final model and its evaluation, once: a second ``finished`` is refused."""
+    _results_final(job, "another finished event")
+    _unknown_sites(event.sites, sites, "finished")
+    job.final_metrics = {
+        **job.final_metrics,
+        "eval_accuracy": event.eval_accuracy,
+        "eval_loss": event.eval_loss,
+        "eval_examples": event.eval_examples,
+        "rounds": event.rounds,
+        "classes": list(event.classes),
+        "model": event.model,
+    }
+    job.save(update_fields=["final_metrics"])
+    for slug, info in event.sites.items():
+        sites[slug].final_metrics = info.to_json()
+        sites[slug].save(update_fields=["final_metrics"])
+
+
+def _record_contribution(
+    job: FederatedJob, sites: dict[str, JobSite], event: contract.Contribution
+):
+    """Coalition utilities, stored once in ``job.final_metrics["contribution"]``.
 
     Shape: ``{"players": [site ids], "method": "exact"|"gtg", "permutations": int, "seed": int,
-    "utilities": {round key: {coalition key: float}}, "examples": {site: int}, "models": int,
-    "sites": {site: metering}, "errors": {site: str}, "wall_seconds": float}`` — round key ``"0"``
-    is the whole run, coalition keys are ascending player indexes joined by commas. An event
-    carrying ``error`` is stored as ``{"players": [...], "error": text}``. Raises ``JobError`` when
-    a player is not a site of the job or a utility is not a finite number.
+    "utility": text, "utilities": {round key: {coalition key: float}}, "examples": {site: int},
+    "models": int, "sites": {site: metering}, "errors": {site: str}, "wall_seconds": float}`` —
+    round key ``"0"`` is the whole run, coalition keys are ascending player indexes joined by
+    commas. An event carrying ``error`` is stored as ``{"players": [...], "error": text}``.
     """
-    players = [str(p) for p in payload.get("players") or []]
-    unknown = [p for p in players if p not in sites]
-    if unknown:
-        raise JobError(f"contribution names sites outside the job: {unknown}")
-    if payload.get("error"):
-        return {"players": players, "error": str(payload["error"])[:2000]}
-    utilities: dict[str, dict[str, float]] = {}
-    for rnd, table in (payload.get("utilities") or {}).items():
-        clean = {}
-        for key, value in table.items():
-            number = _opt_float(value)
-            if number is None or number in (float("inf"), float("-inf")):
-                raise JobError(f"utility of coalition {key!r} in round {rnd} is not a number")
-            clean[str(key)] = number
-        utilities[str(int(rnd))] = clean
-    metering_keys = ("examples", "cpu_seconds", "wall_seconds", "bytes_received", "bytes_sent")
-    return {
-        "players": players,
-        "method": str(payload.get("method", "")),
-        "permutations": _count(payload.get("permutations")),
-        "seed": _count(payload.get("seed")),
-        "utility": str(payload.get("utility", ""))[:200],
-        "utilities": utilities,
-        "examples": {str(k): _count(v) for k, v in (payload.get("examples") or {}).items()},
-        "models": _count(payload.get("models")),
-        "sites": {
-            str(site): {
-                k: (_opt_float(info.get(k)) or 0.0) if "seconds" in k else _count(info.get(k))
-                for k in metering_keys
-            }
-            for site, info in (payload.get("sites") or {}).items()
-            if site in sites
-        },
-        "errors": {str(k): str(v)[:500] for k, v in (payload.get("errors") or {}).items()},
-        "wall_seconds": _opt_float(payload.get("wall_seconds")),
-    }
+    if "contribution" in job.final_metrics:
+        raise JobError("the job's contribution is recorded; it cannot be replaced")
+    _unknown_sites(
+        [*event.players, *event.examples, *event.sites, *event.errors], sites, "contribution"
+    )
+    if event.error:
+        stored = {"players": list(event.players), "error": event.error[:2000]}
+    else:
+        stored = event.to_json()
+        del stored["error"]
+        stored["errors"] = {k: v[:500] for k, v in event.errors.items()}
+    job.final_metrics = {**job.final_metrics, "contribution": stored}
+    job.save(update_fields=["final_metrics"])
+
+
+def _record_failed(job: FederatedJob, sites: dict[str, JobSite], event: contract.Failed):
+    """The ServerApp's reason for giving up (the SuperLink's status still ends the job)."""
+    job.failure_reason = event.reason[:4000]
+    job.status_detail = job.failure_reason
+    job.save(update_fields=["failure_reason", "status_detail"])
+
+
+_RECORDERS = {
+    contract.Started: _record_started,
+    contract.Round: _record_round,
+    contract.Finished: _record_finished,
+    contract.Contribution: _record_contribution,
+    contract.Failed: _record_failed,
+}
 
 
 @transaction.atomic
-def job_callback_record(*, job_id: int, payload: dict) -> dict:
-    """Record one ServerApp event (``started``, ``round``, ``finished``, ``contribution``,
-    ``failed``); idempotent (a second delivery overwrites with the same values).
+def job_callback_record(*, job_id: int, seq: int, event: contract.Event) -> contract.CallbackAnswer:
+    """Record one ServerApp event (``frp_flwr.contract``: already parsed and validated).
 
-    ``round`` stores each site's ``SiteRoundMetric`` including its metering (CPU/wall seconds,
-    ``bytes_received``/``bytes_sent``: protobuf size of the model ArrayRecords, bytes);
-    ``contribution`` stores the coalition utilities in ``job.final_metrics["contribution"]``
-    (see ``_contribution``).
+    Each event is accepted once: ``seq`` must exceed the last accepted number
+    (``job.callback_seq``), which is stored with the event, so a replay — even inside the
+    signature's timestamp window — is refused. Final results are written once: after
+    ``finished``, no round or second ``finished`` may change them; the contribution is written once.
 
-    Returns the answer for the ServerApp: ``{"ok": true, "drop_sites": [site ids]}`` — sites whose
-    grant is no longer valid, to be dropped from the next round. Raises ``JobError`` for an event on a
-    job that is not running.
+    Returns the answer for the ServerApp: ``drop_sites`` — sites whose grant is no longer valid, to
+    be dropped from the next round. Raises ``JobError`` (nothing written) for a job that is not
+    running, a replayed ``seq``, an event that would replace final results or that names sites
+    outside the job.
     """
     job = FederatedJob.objects.select_for_update().get(pk=job_id)
     if job.status not in (JobStatus.LAUNCHING, JobStatus.RUNNING):
         raise JobError(f"job is {job.status}; callbacks are accepted only while it runs")
+    if seq <= job.callback_seq:
+        raise JobError(
+            f"event {seq} refused: event {job.callback_seq} was already accepted (each once)"
+        )
     sites = {
         js.site.slug: js for js in job.sites.select_related("site", "dataset_version__dataset")
     }
-    event = payload.get("event")
-
-    if event == "started":
-        for slug, node_id in (payload.get("nodes") or {}).items():
-            if slug in sites:
-                js = sites[slug]
-                js.node_id = str(node_id)
-                js.status = JobSiteStatus.TRAINING
-                js.save(update_fields=["node_id", "status"])
-        for slug, error in (payload.get("errors") or {}).items():
-            if slug in sites:
-                sites[slug].status = JobSiteStatus.FAILED
-                sites[slug].last_error = str(error)[:2000]
-                sites[slug].save(update_fields=["status", "last_error"])
-    elif event == "round":
-        rnd = int(payload["round"])
-        for slug, info in (payload.get("sites") or {}).items():
-            js = sites.get(slug)
-            if js is None:
-                continue
-            ok = bool(info.get("ok", False))
-            SiteRoundMetric.objects.update_or_create(
-                job_site=js,
-                round=rnd,
-                defaults={
-                    "ok": ok,
-                    "error": str(info.get("error", ""))[:2000],
-                    "train_examples": int(info.get("train_examples", 0)),
-                    "eval_examples": int(info.get("eval_examples", 0)),
-                    "train_loss": _opt_float(info.get("train_loss")),
-                    "eval_loss": _opt_float(info.get("eval_loss")),
-                    "eval_accuracy": _opt_float(info.get("eval_accuracy")),
-                    "cpu_seconds": float(info.get("cpu_seconds", 0.0)),
-                    "wall_seconds": float(info.get("wall_seconds", 0.0)),
-                    "bytes_received": _count(info.get("bytes_received")),
-                    "bytes_sent": _count(info.get("bytes_sent")),
-                },
-            )
-            js.rounds_completed = js.round_metrics.filter(ok=True).count()
-            if not ok:
-                js.status = JobSiteStatus.DROPPED
-                js.last_error = str(info.get("error", ""))[:2000]
-            js.save(update_fields=["rounds_completed", "status", "last_error"])
-        if not payload.get("partial"):
-            RoundMetric.objects.update_or_create(
-                job=job,
-                round=rnd,
-                defaults={
-                    "train_loss": _opt_float(payload.get("train_loss")),
-                    "eval_loss": _opt_float(payload.get("eval_loss")),
-                    "eval_accuracy": _opt_float(payload.get("eval_accuracy")),
-                    "num_examples": int(payload.get("train_examples", 0)),
-                    "sites_replied": sum(
-                        1 for i in payload.get("sites", {}).values() if i.get("ok")
-                    ),
-                    "wall_seconds": _opt_float(payload.get("wall_seconds")),
-                },
-            )
-    elif event == "finished":
-        kept = {k: v for k, v in job.final_metrics.items() if k in _KEPT_ON_FINISH}
-        job.final_metrics = {
-            **kept,
-            "eval_accuracy": _opt_float(payload.get("eval_accuracy")),
-            "eval_loss": _opt_float(payload.get("eval_loss")),
-            "eval_examples": int(payload.get("eval_examples", 0)),
-            "rounds": int(payload.get("rounds", 0)),
-            "classes": payload.get("classes", []),
-            "model": payload.get("model", []),
-        }
-        job.save(update_fields=["final_metrics"])
-        for slug, info in (payload.get("sites") or {}).items():
-            if slug in sites:
-                sites[slug].final_metrics = {
-                    k: info.get(k) for k in ("eval_accuracy", "eval_loss", "eval_examples")
-                }
-                sites[slug].save(update_fields=["final_metrics"])
-    elif event == "contribution":
-        job.final_metrics = {**job.final_metrics, "contribution": _contribution(payload, sites)}
-        job.save(update_fields=["final_metrics"])
-    elif event == "failed":
-        job.failure_reason = str(payload.get("reason", "the ServerApp failed"))[:4000]
-        job.status_detail = job.failure_reason
-        job.save(update_fields=["failure_reason", "status_detail"])
-    else:
-        raise JobError(f"unknown event {event!r}")
+    _RECORDERS[type(event)](job, sites, event)
+    job.callback_seq = seq
+    job.save(update_fields=["callback_seq"])
 
     drop = [
         slug
@@ -476,14 +463,14 @@ def job_callback_record(*, job_id: int, payload: dict) -> dict:
             project=job.project, dataset=js.dataset_version.dataset
         )
     ]
-    if event == "round":  # the ServerApp drops these before its next round
+    if isinstance(event, contract.Round):  # the ServerApp drops these before its next round
         for slug in drop:
             js = sites[slug]
             if js.status not in (JobSiteStatus.DROPPED, JobSiteStatus.FAILED):
                 js.status = JobSiteStatus.DROPPED
-                js.last_error = f"access grant no longer valid: dropped after round {rnd}"
+                js.last_error = f"access grant no longer valid: dropped after round {event.round}"
                 js.save(update_fields=["status", "last_error"])
-    return {"ok": True, "drop_sites": drop}
+    return contract.CallbackAnswer(drop_sites=drop)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,20 +3,19 @@ and the airlock (release request, a steward's decision, the released model)."""
 
 from __future__ import annotations
 
-import json
-
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.http import Http404, HttpResponseBadRequest, JsonResponse
+from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from federation import selectors, services
+from federation import callbacks, selectors, services
 from federation.forms import JobSubmitForm
 from federation.models import FederatedJob, ModelRelease, ReleaseStatus
-from federation.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, SignatureError, verify
+from frp_flwr import contract
+from frp_flwr.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, SignatureError, verify
 from portal import panels
 from portal.models import Site
 from portal.permissions import can
@@ -181,31 +180,53 @@ def job_model_download(request, pk: int):
     return response
 
 
-@csrf_exempt  # authenticated by the job's HMAC signature instead of a session
+def _refuse(status: int, error: str) -> JsonResponse:
+    return JsonResponse(contract.CallbackAnswer(ok=False, error=error).to_json(), status=status)
+
+
+@csrf_exempt  # authenticated by the run's HMAC signature instead of a session
 @require_POST
 def job_callback(request, pk: int):
-    """Signed events from the job's ServerApp (see ``federation/signing.py``)."""
+    """Signed events from the job's ServerApp (``frp_flwr.signing``, ``frp_flwr.contract``).
+
+    403 for a bad signature, 413 for a body over ``contract.MAX_EVENT_BYTES``, 400 for a body
+    that does not fit the contract, 409 for an event the job refuses (not running, replayed,
+    replacing final results), 503 while the job's Flower run id is not recorded yet (the
+    ServerApp retries). Nothing is written unless the answer is 200.
+    """
     job = get_object_or_404(FederatedJob, pk=pk)
     try:
+        length = int(request.headers.get("Content-Length") or 0)
+    except ValueError:
+        return _refuse(400, "malformed Content-Length")
+    if length > contract.MAX_EVENT_BYTES:
+        return _refuse(413, f"body larger than {contract.MAX_EVENT_BYTES} bytes")
+    if not job.flower_run_id:
+        response = _refuse(503, "the portal has not recorded this job's Flower run yet")
+        response["Retry-After"] = "1"
+        return response
+    try:
+        key = callbacks.run_key(job_id=job.pk, run_id=job.flower_run_id)
+    except callbacks.CallbackKeyError as exc:
+        return _refuse(503, f"the portal cannot verify callbacks: {exc}")
+    try:
         verify(
-            job.callback_token,
+            key,
             request.body,
             timestamp=request.headers.get(TIMESTAMP_HEADER),
             signature=request.headers.get(SIGNATURE_HEADER),
         )
     except SignatureError as exc:
-        return JsonResponse({"ok": False, "error": str(exc)}, status=403)
+        return _refuse(403, str(exc))
     try:
-        payload = json.loads(request.body)
-    except ValueError:
-        return HttpResponseBadRequest("body is not JSON")
+        seq, event = contract.parse_event(request.body)
+    except contract.ContractError as exc:
+        return _refuse(400, f"malformed event: {exc}")
     try:
-        answer = services.job_callback_record(job_id=job.pk, payload=payload)
+        answer = services.job_callback_record(job_id=job.pk, seq=seq, event=event)
     except services.JobError as exc:
-        return JsonResponse({"ok": False, "error": str(exc)}, status=409)
-    except (KeyError, TypeError, ValueError) as exc:
-        return JsonResponse({"ok": False, "error": f"malformed event: {exc}"}, status=400)
-    return JsonResponse(answer)
+        return _refuse(409, str(exc))
+    return JsonResponse(answer.to_json())
 
 
 @login_required
@@ -213,7 +234,10 @@ def job_callback(request, pk: int):
 def release_decide(request, pk: int):
     """A data steward approves or refuses a model release for one of their sites (airlock)."""
     release = get_object_or_404(ModelRelease, pk=pk)
-    site = get_object_or_404(Site, pk=request.POST.get("site") or 0, job_sites__job=release.job)
+    site_id = request.POST.get("site", "")
+    if not site_id.isdigit():  # a junk id is "no such site", not a 500
+        raise Http404("No such site")
+    site = get_object_or_404(Site, pk=int(site_id), job_sites__job=release.job)
     if not can(request.user, "access.decide", site):
         raise Http404("No such release")  # only the participating sites' stewards see it
     try:

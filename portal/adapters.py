@@ -7,6 +7,10 @@ Contract:
   account already holds (compared case-insensitively), the sign-in is refused with a clear page.
 - A new SSO user becomes a researcher of the IdP's institution.
 - A disabled IdP signs nobody in.
+- An e-mail address an IdP asserts counts as verified only where that IdP is trusted for it: the
+  address is in its institution's e-mail domain (``Institution.email_domain``, which only the
+  platform admin sets) and, for OpenID Connect, the IdP itself says ``email_verified``
+  (:func:`sso_email_trusted`). Anything else is kept unverified: it claims no invitation.
 - Local self-sign-up is closed unless ``FRP_OPEN_SIGNUP`` (accounts are onboarded by institutions).
 """
 
@@ -18,10 +22,24 @@ from allauth.account.adapter import DefaultAccountAdapter
 from allauth.core.exceptions import ImmediateHttpResponse
 from allauth.socialaccount.adapter import DefaultSocialAccountAdapter
 from django.conf import settings
+from django.contrib import messages
 from django.contrib.auth import get_user_model
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 
-from portal.models import IdentityProvider, Role
+from portal.models import IdentityProvider, IdPProtocol, Role
+
+
+def sso_email_trusted(idp: IdentityProvider, email: str, *, idp_says_verified: bool) -> bool:
+    """Whether an address ``idp`` asserts counts as verified (see the module docstring).
+
+    ``idp_says_verified``: the OpenID Connect ``email_verified`` claim (SAML has no standard one;
+    a SAML assertion is signed by the IdP, so its institution's domain is the whole test).
+    """
+    trusted = (idp.institution.email_domain or "").strip().lower().lstrip("@")
+    domain = (email or "").rpartition("@")[2].strip().lower()
+    if not trusted or not domain or not (domain == trusted or domain.endswith("." + trusted)):
+        return False
+    return idp.protocol == IdPProtocol.SAML or idp_says_verified
 
 
 class AccountAdapter(DefaultAccountAdapter):
@@ -49,6 +67,53 @@ def _refuse(request, title: str, message: str):
 class SocialAccountAdapter(DefaultSocialAccountAdapter):
     """Maps institutional sign-ons to portal users (see the module docstring)."""
 
+    def get_requests_session(self):
+        """Every fetch from an IdP goes through the SSRF guard (``portal.oidc_guard``); a refused
+        URL or an issuer that does not answer sends the visitor back to the sign-in page with
+        the reason, never a 500."""
+        from allauth.core import context
+
+        from portal.oidc_guard import IssuerError, guarded_session
+
+        session = guarded_session()
+        fetch = session.request
+
+        def request(method, url, *args, **kwargs):
+            try:
+                return fetch(method, url, *args, **kwargs)
+            except IssuerError as exc:
+                http_request = context.request
+                if http_request is None:
+                    raise
+                messages.error(http_request, f"Single sign-on is unavailable: {exc}.")
+                raise ImmediateHttpResponse(redirect("account_login")) from None
+
+        session.request = request
+        return session
+
+    def list_apps(self, request, provider=None, client_id=None):
+        """allauth's apps, each OIDC app with its client secret unsealed in memory only: the
+        database holds it sealed on the ``IdentityProvider`` (``portal.secretbox``)."""
+        from portal.secretbox import SecretBoxError, unseal
+
+        apps = super().list_apps(request, provider=provider, client_id=client_id)
+        sealed = dict(
+            IdentityProvider.objects.filter(
+                social_app__in=[a.pk for a in apps if a.pk]
+            ).values_list("social_app_id", "client_secret")
+        )
+        for app in apps:
+            if app.pk in sealed:
+                try:
+                    app.secret = unseal(sealed[app.pk])
+                except SecretBoxError as exc:
+                    if request is None:
+                        raise
+                    _refuse(
+                        request, "Sign-in unavailable", f"The portal cannot use this IdP: {exc}."
+                    )
+        return apps
+
     def is_open_for_signup(self, request, sociallogin) -> bool:
         idp = _idp_for(sociallogin)
         return bool(idp and idp.enabled)
@@ -61,6 +126,10 @@ class SocialAccountAdapter(DefaultSocialAccountAdapter):
             )
         if sociallogin.is_existing:
             return
+        for address in sociallogin.email_addresses:
+            address.verified = sso_email_trusted(
+                idp, address.email, idp_says_verified=bool(address.verified)
+            )
         email = (sociallogin.user.email or "").strip()
         User = get_user_model()
         if email and User.objects.filter(email__iexact=email).exists():

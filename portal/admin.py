@@ -1,8 +1,65 @@
-"""Django admin for the platform admin: institutions, sites, memberships, projects, audit (read-only)."""
+"""Django admin for the platform admin: institutions, sites, memberships, projects, users, audit
+(read-only).
 
+Two guards against 500s on bad input (issue 9, finding 7): autocomplete widgets drop submitted
+values that are not valid keys before they query (Django's widget filters the related table with
+them as they are, and a non-numeric id raises), and the user form refuses an e-mail address that
+another account holds in another case (the database's case-insensitive unique index would raise).
+"""
+
+from allauth.socialaccount.admin import SocialAppAdmin
+from allauth.socialaccount.models import SocialApp
+from django import forms
 from django.contrib import admin
+from django.contrib.admin import widgets
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
+from django.contrib.auth.forms import UserChangeForm
+from django.core.exceptions import ValidationError
 
 from portal.models import AuditEvent, Institution, Membership, Project, ProjectMember, Site
+
+
+class _SafeAutocompleteMixin:
+    """``AutocompleteSelect`` that ignores submitted values the related key cannot hold."""
+
+    def optgroups(self, name, value, attr=None):
+        remote = self.field.remote_field
+        key = remote.model._meta.get_field(getattr(remote, "field_name", None) or "pk")
+        if key.name == "pk":
+            key = remote.model._meta.pk
+        clean = []
+        for v in value:
+            try:
+                key.to_python(v)
+            except (ValidationError, ValueError, TypeError):
+                continue
+            clean.append(v)
+        return super().optgroups(name, clean, attr)
+
+
+class SafeAutocompleteSelect(_SafeAutocompleteMixin, widgets.AutocompleteSelect):
+    pass
+
+
+class SafeAutocompleteSelectMultiple(_SafeAutocompleteMixin, widgets.AutocompleteSelectMultiple):
+    pass
+
+
+class SafeAutocompleteAdmin(admin.ModelAdmin):
+    """A ``ModelAdmin`` whose ``autocomplete_fields`` use the safe widgets."""
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name in self.get_autocomplete_fields(request):
+            kwargs["widget"] = SafeAutocompleteSelect(db_field, self.admin_site)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
+class SafeAutocompleteInline(admin.TabularInline):
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name in self.get_autocomplete_fields(request):
+            kwargs["widget"] = SafeAutocompleteSelect(db_field, self.admin_site)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
 
 @admin.register(Institution)
@@ -20,14 +77,14 @@ class SiteAdmin(admin.ModelAdmin):
 
 
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
+class MembershipAdmin(SafeAutocompleteAdmin):
     list_display = ["user", "institution", "role", "created_at"]
     list_filter = ["role", "institution"]
     search_fields = ["user__username", "user__email"]
     autocomplete_fields = ["user", "institution"]
 
 
-class ProjectMemberInline(admin.TabularInline):
+class ProjectMemberInline(SafeAutocompleteInline):
     model = ProjectMember
     extra = 0
     autocomplete_fields = ["user"]
@@ -55,3 +112,38 @@ class AuditEventAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+class PortalUserChangeForm(UserChangeForm):
+    """The admin's user form: e-mail addresses are unique regardless of case."""
+
+    def clean_email(self):
+        email = (self.cleaned_data.get("email") or "").strip()
+        if email:
+            others = (
+                get_user_model().objects.filter(email__iexact=email).exclude(pk=self.instance.pk)
+            )
+            if others.exists():
+                raise forms.ValidationError(
+                    "Another account already uses this e-mail address (compared without case)."
+                )
+        return email
+
+
+User = get_user_model()
+admin.site.unregister(User)
+
+
+@admin.register(User)
+class PortalUserAdmin(UserAdmin):
+    form = PortalUserChangeForm
+
+
+# allauth's SocialApp rows are kept in step by the institution's Single sign-on page; their
+# client secrets live sealed on the IdentityProvider (portal.secretbox), never in this form.
+admin.site.unregister(SocialApp)
+
+
+@admin.register(SocialApp)
+class PortalSocialAppAdmin(SocialAppAdmin):
+    readonly_fields = ("secret",)

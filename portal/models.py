@@ -163,7 +163,9 @@ class IdentityProvider(models.Model):
     # OpenID Connect
     issuer = models.URLField(blank=True, help_text="Issuer URL (discovery at /.well-known/…).")
     client_id = models.CharField(max_length=255, blank=True)
-    client_secret = models.CharField(max_length=255, blank=True)
+    client_secret = models.TextField(
+        blank=True, help_text="Sealed (portal.secretbox): fernet:<token> under FRP_FIELD_KEYS."
+    )
     # SAML 2.0
     entity_id = models.CharField(max_length=255, blank=True)
     sso_url = models.URLField(blank=True, help_text="The IdP's SingleSignOnService (Redirect).")

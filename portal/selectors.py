@@ -74,14 +74,35 @@ def institution_audit(*, institution):
     return AuditEvent.objects.filter(institution=institution).select_related("actor")
 
 
+def verified_emails(*, user) -> list[str]:
+    """The user's e-mail addresses that are verified (lower-cased): a confirmation link followed,
+    or asserted by an IdP trusted for the address's domain (``portal.adapters``)."""
+    from allauth.account.models import EmailAddress
+
+    if not getattr(user, "is_authenticated", False):
+        return []
+    return [
+        e.lower()
+        for e in EmailAddress.objects.filter(user=user, verified=True).values_list(
+            "email", flat=True
+        )
+    ]
+
+
 def invitations_for_user(*, user):
-    """Pending, unexpired invitations addressed to the user's e-mail."""
+    """Pending, unexpired invitations addressed to one of the user's *verified* e-mail addresses
+    (an address merely added to the account claims nothing)."""
+    from django.db.models import Q
     from django.utils import timezone
 
     from portal.models import InvitationStatus, ProjectInvitation
 
-    if not user.email:
+    emails = verified_emails(user=user)
+    if not emails:
         return ProjectInvitation.objects.none()
+    match = Q()
+    for email in emails:
+        match |= Q(email__iexact=email)
     return ProjectInvitation.objects.filter(
-        email__iexact=user.email, status=InvitationStatus.PENDING, expires_at__gt=timezone.now()
+        match, status=InvitationStatus.PENDING, expires_at__gt=timezone.now()
     ).select_related("project__institution", "invited_by")

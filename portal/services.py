@@ -16,6 +16,7 @@ from portal.models import (
     ProjectMember,
     ProjectRole,
 )
+from portal.secretbox import seal
 
 
 def audit_record(
@@ -134,6 +135,8 @@ def identity_provider_configure(
     existing = IdentityProvider.objects.filter(institution=institution).first()
     errors: dict[str, list[str]] = {}
     if protocol == IdPProtocol.OIDC:
+        # Stored sealed (portal.secretbox, a key from the environment); empty keeps the stored one.
+        client_secret = seal(client_secret) if client_secret else ""
         client_secret = client_secret or (existing.client_secret if existing else "")
         for name, value in (
             ("issuer", issuer),
@@ -142,6 +145,13 @@ def identity_provider_configure(
         ):
             if not value:
                 errors.setdefault(name, []).append("Required for OpenID Connect.")
+        if issuer:
+            from portal.oidc_guard import IssuerError, check_url
+
+            try:  # the portal fetches from this URL on every sign-in: no internal addresses
+                check_url(issuer, must_resolve=False)
+            except IssuerError as exc:
+                errors.setdefault("issuer", []).append(f"Not allowed: {exc}.")
         key = issuer.rstrip("/")
     elif protocol == IdPProtocol.SAML:
         for name, value in (("entity_id", entity_id), ("sso_url", sso_url), ("x509cert", x509cert)):
@@ -165,7 +175,7 @@ def identity_provider_configure(
             "provider": "openid_connect",
             "name": name,
             "client_id": client_id,
-            "secret": client_secret,
+            "secret": "",  # the sealed secret lives on the IdentityProvider (adapters.list_apps)
             "settings": {"server_url": issuer.rstrip("/"), "oauth_pkce_enabled": True},
         }
     else:
@@ -315,10 +325,20 @@ class InvitationError(Exception):
 
 
 @transaction.atomic
-def project_invite(*, by, project: Project, email: str, role: str = ProjectRole.MEMBER):
-    """The project's PI invites ``email`` (any institution); valid for ``INVITATION_DAYS`` days."""
-    from datetime import timedelta
+def project_invite(
+    *, by, project: Project, email: str, role: str = ProjectRole.MEMBER, base_url: str = ""
+):
+    """The project's PI invites ``email`` (any institution); valid for ``INVITATION_DAYS`` days.
 
+    The invitation's link (``<base_url>/invitations/<token>/``, a single-use token) is e-mailed to
+    the address after the transaction commits: whoever follows it, signed in, may answer once.
+    The invitation also shows to an account that holds ``email`` *verified* (``selectors``).
+    """
+    from datetime import timedelta
+    from functools import partial
+
+    from django.core.mail import send_mail
+    from django.urls import reverse
     from django.utils import timezone
 
     from portal.models import InvitationStatus, ProjectInvitation
@@ -346,21 +366,41 @@ def project_invite(*, by, project: Project, email: str, role: str = ProjectRole.
         email=email,
         role=role,
     )
+    link = base_url.rstrip("/") + reverse("portal:invitation_respond", args=[invitation.token])
+    inviter = by.get_full_name() or by.username
+    transaction.on_commit(
+        partial(
+            send_mail,
+            subject=f"Invitation to {project.title}",
+            message=(
+                f"{inviter} invites you to the project {project.title!r} "
+                f"(led by {project.institution.name}) as {invitation.get_role_display().lower()}.\n\n"
+                f"Sign in and answer here (the link works once, until "
+                f"{invitation.expires_at:%Y-%m-%d}):\n{link}\n"
+            ),
+            from_email=None,
+            recipient_list=[email],
+        ),
+        robust=True,  # a mail server hiccup is logged; the invitation shows on the list anyway
+    )
     return invitation
 
 
-def _open_invitation(invitation_id: int, user):
+def _open_invitation(token: str, user):
+    """The pending invitation whose link is ``token``, locked. The token is the credential (it
+    was e-mailed to the invited address, or shown to an account holding that address verified);
+    it works once: an answered invitation is closed. Raises ``InvitationError``."""
     from portal.models import InvitationStatus, ProjectInvitation
 
-    invitation = ProjectInvitation.objects.select_for_update().get(pk=invitation_id)
+    invitation = ProjectInvitation.objects.select_for_update().filter(token=token).first()
+    if invitation is None or not getattr(user, "is_authenticated", False):
+        raise InvitationError("no such invitation")
     if invitation.status != InvitationStatus.PENDING:
         raise InvitationError(
             f"this invitation was already {invitation.get_status_display().lower()}"
         )
     if invitation.is_expired():
         raise InvitationError("this invitation has expired; ask the project's PI for a new one")
-    if (user.email or "").lower() != invitation.email.lower():
-        raise InvitationError("this invitation was sent to another e-mail address")
     return invitation
 
 
@@ -380,22 +420,25 @@ def _invitation_answer(invitation, *, by, status: str) -> None:
 
 
 @transaction.atomic
-def invitation_accept(*, by, invitation_id: int) -> ProjectMember:
-    """The invited person accepts: they join the project with the invited role."""
+def invitation_accept(*, by, token: str) -> ProjectMember:
+    """The holder of the invitation's link accepts: they join the project with the invited role.
+
+    Raises ``InvitationError`` for an unknown, answered or expired invitation.
+    """
     from portal.models import InvitationStatus
 
-    invitation = _open_invitation(invitation_id, by)
+    invitation = _open_invitation(token, by)
     member = project_member_add(by=by, project=invitation.project, user=by, role=invitation.role)
     _invitation_answer(invitation, by=by, status=InvitationStatus.ACCEPTED)
     return member
 
 
 @transaction.atomic
-def invitation_decline(*, by, invitation_id: int) -> None:
-    """The invited person declines."""
+def invitation_decline(*, by, token: str) -> None:
+    """The holder of the invitation's link declines (the link is then used up)."""
     from portal.models import InvitationStatus
 
-    _invitation_answer(_open_invitation(invitation_id, by), by=by, status=InvitationStatus.DECLINED)
+    _invitation_answer(_open_invitation(token, by), by=by, status=InvitationStatus.DECLINED)
 
 
 @transaction.atomic

@@ -19,7 +19,18 @@ environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 DEBUG = env.bool("DEBUG", default=True)
 VAR_DIR = Path(env.str("FRP_VAR_DIR", default=str(BASE_DIR / "var"))).resolve()
-VAR_DIR.mkdir(parents=True, exist_ok=True)  # the embedded default keeps its files here
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) and make it 0700: it holds files with secrets in them."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.stat().st_uid == os.getuid():
+        path.chmod(0o700)
+    return path
+
+
+# The embedded default keeps its files here (database, keys, mail, queue): 0700.
+private_dir(VAR_DIR)
 
 if DEBUG:
     SECRET_KEY = env.str("SECRET_KEY", default="insecure-development-key-do-not-use-in-production")
@@ -92,6 +103,14 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {"timeout": 30, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
     )
+    _db_file = str(DATABASES["default"]["NAME"])
+    if _db_file and _db_file != ":memory:" and not _db_file.startswith("file:"):
+        # It holds password hashes, sessions and IdP secrets: 0600 in a 0700 folder. SQLite
+        # creates its -wal and -shm files with the database file's mode.
+        private_dir(Path(_db_file).parent)
+        os.close(os.open(_db_file, os.O_CREAT | os.O_WRONLY, 0o600))
+        if Path(_db_file).stat().st_uid == os.getuid():
+            os.chmod(_db_file, 0o600)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTHENTICATION_BACKENDS = [
@@ -109,7 +128,10 @@ ACCOUNT_ADAPTER = "portal.adapters.AccountAdapter"
 FRP_OPEN_SIGNUP = env.bool("FRP_OPEN_SIGNUP", default=False)
 ACCOUNT_LOGIN_METHODS = {"username", "email"}
 ACCOUNT_SIGNUP_FIELDS = ["email*", "username*", "password1*", "password2*"]
-ACCOUNT_EMAIL_VERIFICATION = "none"
+# Local accounts prove their address (a confirmation link) before it counts for anything, such as
+# an invitation; SSO addresses count as verified only where the IdP is trusted for them
+# (portal.adapters: the institution's e-mail domain, set by the platform admin).
+ACCOUNT_EMAIL_VERIFICATION = "mandatory"
 ACCOUNT_UNIQUE_EMAIL = True
 # Single sign-on: identity is (IdP, subject). An e-mail address never links accounts.
 SOCIALACCOUNT_ADAPTER = "portal.adapters.SocialAccountAdapter"
@@ -119,12 +141,44 @@ SOCIALACCOUNT_EMAIL_AUTHENTICATION_AUTO_CONNECT = False
 SOCIALACCOUNT_EMAIL_VERIFICATION = "none"
 SOCIALACCOUNT_LOGIN_ON_GET = False  # starting a sign-in is a POST (CSRF-protected)
 SOCIALACCOUNT_STORE_TOKENS = False
+# OIDC issuers on loopback, private or link-local addresses are refused (server-side request
+# forgery, portal/oidc_guard.py) unless named here: host names, addresses or CIDR networks.
+FRP_OIDC_ALLOWED_HOSTS = env.list("FRP_OIDC_ALLOWED_HOSTS", default=[])
+# Issuers must use https, except while DEBUG is on (the setting follows DEBUG at start-up).
+FRP_OIDC_ALLOW_HTTP = env.bool("FRP_OIDC_ALLOW_HTTP", default=DEBUG)
 MFA_SUPPORTED_TYPES = ["totp", "recovery_codes"]
 MFA_TOTP_ISSUER = "Federated Research Portal"
 USERSESSIONS_TRACK_ACTIVITY = True
 ACCOUNT_LOGOUT_ON_GET = False
 ACCOUNT_SESSION_REMEMBER = False
-EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
+# Secrets at rest (OIDC client secrets): Fernet keys, comma-separated, the first encrypts
+# (portal/secretbox.py). Empty: the key file below, created (0600, folder 0700) on first use.
+FRP_FIELD_KEYS = env.list("FRP_FIELD_KEYS", default=[])
+FRP_FIELD_KEY_FILE = Path(
+    env.str("FRP_FIELD_KEY_FILE", default=str(VAR_DIR / "secrets" / "field.key"))
+)
+if not DEBUG and not FRP_FIELD_KEYS and "FRP_FIELD_KEY_FILE" not in os.environ:
+    raise ImproperlyConfigured(
+        "set FRP_FIELD_KEYS (Fernet keys that encrypt secrets at rest, e.g. OIDC client secrets)"
+    )
+
+# Mail carries secrets (confirmation and password-reset links): never to a log. With EMAIL_URL
+# (smtp://user:password@host:587?tls=True; compose: its mail catcher) over SMTP; otherwise the
+# embedded default writes each message as a file into FRP_VAR_DIR/mail (0700).
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="portal@localhost")
+SERVER_EMAIL = DEFAULT_FROM_EMAIL
+if env.str("EMAIL_URL", default=""):
+    globals().update(env.email_url("EMAIL_URL"))
+else:
+    EMAIL_BACKEND = env.str(
+        "EMAIL_BACKEND", default="django.core.mail.backends.filebased.EmailBackend"
+    )
+    EMAIL_FILE_PATH = private_dir(VAR_DIR / "mail")
+if EMAIL_BACKEND == "django.core.mail.backends.console.EmailBackend" and not DEBUG:
+    raise ImproperlyConfigured(
+        "the console e-mail backend writes confirmation and reset links into the logs: set "
+        "EMAIL_URL (SMTP) or leave EMAIL_BACKEND unset (files in FRP_VAR_DIR/mail)"
+    )
 
 LANGUAGE_CODE = "en-gb"
 TIME_ZONE = "UTC"
@@ -196,6 +250,34 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
+# --- Input limits (sandbox uploads and ingest) ---------------------------------------------------
+# Checked while streaming; a file over a limit is refused with a message naming it. The upload limit
+# matches docker-compose's nginx (client_max_body_size 64m).
+FRP_MAX_UPLOAD_BYTES = env.int("FRP_MAX_UPLOAD_BYTES", default=64 * 1024 * 1024)
+FRP_MAX_COLUMNS = env.int("FRP_MAX_COLUMNS", default=1000)
+FRP_MAX_LINE_CHARS = env.int("FRP_MAX_LINE_CHARS", default=1_000_000)
+# Columns of a dataset's profile per page on the dataset page.
+FRP_PROFILE_PAGE_COLUMNS = 50
+
+# --- Cache ----------------------------------------------------------------------------------------
+# Sign-in rate limits (allauth) and other counters must be shared by every process that serves
+# requests: Redis in compose and PostgreSQL deployments (default: the Redis broker's server), the
+# local-memory cache only in the embedded default (SQLite, one web process).
+_SQLITE = DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
+if _SQLITE:
+    _CACHE_DEFAULT = "locmemcache://"
+elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    _CACHE_DEFAULT = CELERY_BROKER_URL
+else:
+    _CACHE_DEFAULT = ""
+CACHES = {"default": env.cache("CACHE_URL", default=_CACHE_DEFAULT or "locmemcache://")}
+CACHES["default"].setdefault("KEY_PREFIX", "frp")
+if not _SQLITE and CACHES["default"]["BACKEND"].endswith("LocMemCache"):
+    raise ImproperlyConfigured(
+        "set CACHE_URL (e.g. redis://host:6379/1): with PostgreSQL several processes serve "
+        "requests, and a local-memory cache would count sign-in attempts per process"
+    )
+
 # --- Accounting ---------------------------------------------------------------------------------
 # The federation's one billing currency (ISO 4217) for price rules and invoices.
 FRP_BILLING_CURRENCY = env.str("FRP_BILLING_CURRENCY", default="EUR")
@@ -211,8 +293,20 @@ FRP_ACCOUNTING_SWEEP_GRACE_SECONDS = env.float("FRP_ACCOUNTING_SWEEP_GRACE_SECON
 FRP_FLWR_HOME = Path(env.str("FRP_FLWR_HOME", default=str(VAR_DIR / "flwr-control")))
 FRP_FEDERATION_NAME = env.str("FRP_FEDERATION_NAME", default="local")
 FRP_FLWR_APP_DIR = BASE_DIR / "federation" / "flwr_app"
-# The URL the ServerApp posts round metrics to (HMAC-signed, see federation/callbacks.py).
+# The URL the ServerApp posts round metrics to (signed, see federation/callbacks.py).
 FRP_CALLBACK_BASE_URL = env.str("FRP_CALLBACK_BASE_URL", default="http://127.0.0.1:8000")
+# The platform callback key (ADR 0014): held by the portal and the SuperLink's environment only.
+# Empty: the key file below, created (mode 0600, folder 0700) on first use.
+FRP_CALLBACK_KEY = env.str("FRP_CALLBACK_KEY", default="")
+FRP_CALLBACK_KEY_FILE = Path(
+    env.str("FRP_CALLBACK_KEY_FILE", default=str(VAR_DIR / "secrets" / "callback.key"))
+)
+if not DEBUG and not FRP_CALLBACK_KEY and "FRP_CALLBACK_KEY_FILE" not in os.environ:
+    # The web server verifies and the SuperLink's ServerApps sign: both must hold the same key.
+    raise ImproperlyConfigured(
+        "set FRP_CALLBACK_KEY (the same value in the SuperLink's environment), or "
+        "FRP_CALLBACK_KEY_FILE on a volume both share"
+    )
 # A round with no reply within this many seconds drops the silent sites (FedAvg's default: 3600 s).
 FRP_ROUND_TIMEOUT = env.float("FRP_ROUND_TIMEOUT", default=120.0)
 # Optional: a folder where each job's ServerApp appends every reply it receives (an audit of exactly

@@ -413,6 +413,53 @@ class Batch:
         )
 
 
+#: Input limits (the portal passes its settings; ``None`` is no limit): columns in the header, and
+#: characters in one physical line, checked while streaming so memory stays bounded.
+DEFAULT_MAX_COLUMNS = 1000
+DEFAULT_MAX_LINE_CHARS = 1_000_000
+
+
+class _LineLimited:
+    """A text stream whose physical lines may not exceed ``limit`` characters.
+
+    Wraps ``read``/``readline`` (what ``RecordReader`` calls): every chunk read is measured
+    (``str.splitlines``, carrying the open line's length across chunks) and ``readline`` asks
+    for at most ``limit + 1`` characters, so no line is ever held whole beyond the limit. Raises
+    ``CsvError`` naming the line and the limit.
+    """
+
+    def __init__(self, text: TextIO, limit: int, name: str) -> None:
+        self._text, self._limit, self._name = text, limit, name
+        self._run = 0  # characters of the line still open at the end of the last read
+        self._breaks = 0  # line breaks read so far
+
+    def _measure(self, chunk: str) -> str:
+        if not chunk:
+            return chunk
+        parts = chunk.splitlines()
+        ends_open = chunk[-1] not in "\r\n"
+        lengths = [len(p) for p in parts] or [0]
+        lengths[0] += self._run
+        for index, length in enumerate(lengths):
+            if length > self._limit:
+                raise CsvError(
+                    f"line {self._breaks + index + 1}: longer than the limit of "
+                    f"{self._limit:,} characters per line ({self._name})"
+                )
+        closed = len(parts) - (1 if ends_open else 0)
+        self._breaks += closed
+        self._run = lengths[-1] if ends_open else 0
+        return chunk
+
+    def read(self, size: int = -1) -> str:
+        return self._measure(self._text.read(size))
+
+    def readline(self, size: int = -1) -> str:
+        cap = self._limit + 1 - self._run
+        size = cap if size is None or size < 0 else min(size, cap)
+        return self._measure(self._text.readline(max(size, 1)))
+
+
 class RecordReader:
     """Streaming CSV reader over a text stream opened with ``newline=""``.
 
@@ -427,6 +474,9 @@ class RecordReader:
     record: without quotes a line break always ends a record and the ``csv`` module returns
     the same fields); a block with a quote goes through ``csv.reader`` (strict), which reads
     further lines when a quoted field runs past the end of the block.
+
+    ``max_columns`` and ``max_line_chars`` (``None``: no limit) refuse, while streaming, a header
+    of more columns and a physical line of more characters (``CsvError`` naming the limit).
 
     ``native`` (needs ``pyarrow``, see ``sandbox.arrowcsv``) is a function giving, before each
     block, the shape wanted for every column (``"int"``, ``"float"``, ``"dict"`` or ``None``);
@@ -446,7 +496,12 @@ class RecordReader:
         block_chars: int = BLOCK_CHARS,
         native: Callable[[], list[str | None]] | None = None,
         markers: tuple[str, ...] = DEFAULT_MISSING_VALUES,
+        max_columns: int | None = None,
+        max_line_chars: int | None = None,
     ) -> None:
+        if max_line_chars is not None:
+            text = _LineLimited(text, max_line_chars, "FRP_MAX_LINE_CHARS")
+        self._max_columns = max_columns
         self._text = text
         self._tee = tee
         self._block = block_chars
@@ -569,6 +624,11 @@ class RecordReader:
                     raise CsvError(f"line {line}: the header row is empty")
                 after = line + 1 + sum(line_breaks(cell) for cell in row)
                 self._carry = (rows[index + 1 :], after)
+                if self._max_columns is not None and len(row) > self._max_columns:
+                    raise CsvError(
+                        f"line {line}: {len(row):,} columns, more than the limit of "
+                        f"{self._max_columns:,} columns (FRP_MAX_COLUMNS)"
+                    )
                 return self._check_header(row, line)
 
     @staticmethod

@@ -69,6 +69,8 @@ from sandbox import arrowcsv
 from sandbox.crypto import KEY_BYTES, associated_data, encrypt_stream
 from sandbox.csvformat import (
     BLOCK_CHARS,
+    DEFAULT_MAX_COLUMNS,
+    DEFAULT_MAX_LINE_CHARS,
     DEFAULT_MISSING_VALUES,
     SAMPLE_BYTES,
     TYPES,
@@ -241,6 +243,8 @@ def _canonical_payload(
     overrides: dict[str, str],
     outcome: _Outcome,
     native: bool = True,
+    max_columns: int | None = DEFAULT_MAX_COLUMNS,
+    max_line_chars: int | None = DEFAULT_MAX_LINE_CHARS,
 ) -> Iterator[bytes]:
     """Yield the plaintext payload (module doc) block by block while validating and profiling.
 
@@ -259,6 +263,8 @@ def _canonical_payload(
         block_chars=NATIVE_BLOCK_CHARS if native else BLOCK_CHARS,
         native=(lambda: [col.native_shape(numeric_markers) for col in stats]) if native else None,
         markers=missing,
+        max_columns=max_columns,
+        max_line_chars=max_line_chars,
     )
     names = reader.header
     unknown = [name for name in overrides if name not in names]
@@ -394,6 +400,8 @@ def ingest_csv(
     missing_values: Sequence[str] = DEFAULT_MISSING_VALUES,
     schema_override: Mapping[str, str] | None = None,
     native: bool = True,
+    max_columns: int | None = DEFAULT_MAX_COLUMNS,
+    max_line_chars: int | None = DEFAULT_MAX_LINE_CHARS,
 ) -> IngestResult:
     """Validate, type, profile and encrypt the CSV at ``path`` into ``store`` as one version.
 
@@ -407,6 +415,9 @@ def ingest_csv(
     from ``site``, ``dataset``, ``version``) under ``store_key_for(...)``. ``tmp_dir`` holds
     the ciphertext while it is written (default: the system temp dir); the temp file is
     always removed. ``native=False`` skips the Arrow fast path (module doc; same results).
+    ``max_columns`` and ``max_line_chars`` bound the header's columns and every physical line's
+    characters (``None``: no limit), checked while streaming: a 100,000-column header or a
+    300 MB line is refused at once, with the limit named, not held in memory.
     One pass over the file; memory is constant in the file size. Atomic: on any failure
     nothing is stored.
 
@@ -464,6 +475,8 @@ def ingest_csv(
                 overrides=overrides,
                 outcome=outcome,
                 native=native,
+                max_columns=max_columns,
+                max_line_chars=max_line_chars,
             )
             result = encrypt_stream(kek=kek, aad=aad, source=_BlockReader(payload), sink=sink)
             sink.flush()

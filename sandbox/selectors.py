@@ -87,6 +87,18 @@ def can_upload_to(*, user, site) -> bool:
     return can(user, "dataset.register", site) and local_site_storage(site) is not None
 
 
+def stewarded_institution_ids(*, user) -> set[int]:
+    """Ids of the institutions where ``user`` is a data steward: whose datasets' exact row counts
+    and sizes the user sees (everyone else sees them under the profile's disclosure rule)."""
+    from portal.models import Role
+
+    if not getattr(user, "is_authenticated", False):
+        return set()
+    return set(
+        user.memberships.filter(role=Role.DATA_STEWARD).values_list("institution_id", flat=True)
+    )
+
+
 def is_steward(*, user) -> bool:
     """Whether ``user`` is a data steward of any institution."""
     from portal.models import Role

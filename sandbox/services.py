@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Max
 from django.utils import timezone
@@ -284,6 +285,8 @@ def dataset_ingest(
             delimiter=delimiter,
             missing_values=missing_values,
             schema_override=schema_override,
+            max_columns=settings.FRP_MAX_COLUMNS,
+            max_line_chars=settings.FRP_MAX_LINE_CHARS,
         )
         try:
             with transaction.atomic():
@@ -466,7 +469,13 @@ def _ledger_access(request: AccessRequest, *, decision: str) -> None:
         by=request.decided_by_id,
         time=request.decided_at.isoformat(),
         expires_at=request.expires_at.isoformat() if request.expires_at else None,
-        reason=request.decision_reason,
+        # The reason is free text: only its SHA-256 goes into the public ledger (it can be proved
+        # later); the text itself stays in the audit event, which only the parties read.
+        reason_sha256=(
+            hashlib.sha256(request.decision_reason.encode()).hexdigest()
+            if request.decision_reason
+            else None
+        ),
     )
 
 
@@ -506,12 +515,15 @@ def access_request_decide(
         AccessRequest.objects.select_for_update().select_related("dataset__site").get(pk=request_id)
     )
     _check_steward(by, request)
+    if request.status != AccessStatus.PENDING:  # decided already (another steward, another tab)
+        raise AccessError(
+            f"this request was already decided ({request.get_status_display().lower()}); "
+            "nothing was changed"
+        )
     if approve:
         if expires_at is None or expires_at <= timezone.now():
             raise AccessError("an approval needs an expiry date in the future")
         return access_request_approve(by=by, request=request, expires_at=expires_at, reason=reason)
-    if request.status != AccessStatus.PENDING:
-        raise AccessError(f"request is {request.status}, not pending")
     if not reason.strip():
         raise AccessError("give the researcher a reason for the refusal")
     return _access_close(request, by=by, status=AccessStatus.REFUSED, reason=reason.strip())

@@ -3,10 +3,11 @@ steward's queue (where the floors above add panels: the airlock's pending releas
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.core.files.uploadhandler import TemporaryFileUploadHandler
+from django.core.files.uploadhandler import StopUpload, TemporaryFileUploadHandler
 from django.core.paginator import Paginator
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
@@ -26,10 +27,11 @@ def dataset_list(request):
     """The catalogue: every institution's datasets, metadata only, 25 per page."""
     q = request.GET.get("q", "").strip()
     page = Paginator(selectors.dataset_catalogue(q=q), 25).get_page(request.GET.get("page"))
+    stewarded = selectors.stewarded_institution_ids(user=request.user)
     return render(
         request,
         "sandbox/dataset_list.html",
-        {"page_obj": page, "q": q, "can_upload": selectors.is_steward(user=request.user)},
+        {"page_obj": page, "q": q, "can_upload": bool(stewarded), "stewarded": stewarded},
     )
 
 
@@ -55,6 +57,11 @@ def dataset_detail(request, pk: int):
         dataset=dataset, project__memberships__user=request.user
     ).select_related("project")
     versions = list(selectors.dataset_versions(dataset=dataset))
+    # A schema may have up to FRP_MAX_COLUMNS columns: the profile is shown a page at a time.
+    profile_columns = (versions[0].profile or {}).get("columns", []) if versions else []
+    columns_page = Paginator(profile_columns, settings.FRP_PROFILE_PAGE_COLUMNS).get_page(
+        request.GET.get("columns")
+    )
     return render(
         request,
         "sandbox/dataset_detail.html",
@@ -62,10 +69,40 @@ def dataset_detail(request, pk: int):
             "dataset": dataset,
             "version": versions[0] if versions else None,
             "versions": versions,
+            "columns_page": columns_page,
             "form": form,
             "requests": mine,
             "can_upload": selectors.can_upload_to(user=request.user, site=dataset.site),
+            # The dataset's own stewards see exact row counts and sizes; everyone else sees them
+            # under the profile's disclosure rule (a 3-row dataset is "≤7 rows").
+            "exact": dataset.site.institution_id
+            in selectors.stewarded_institution_ids(user=request.user),
         },
+    )
+
+
+class _LimitedUploadHandler(TemporaryFileUploadHandler):
+    """Streams the file to a temporary file and stops at ``settings.FRP_MAX_UPLOAD_BYTES``."""
+
+    def __init__(self, request=None):
+        super().__init__(request)
+        self.received = 0
+
+    def receive_data_chunk(self, raw_data, start):
+        self.received += len(raw_data)
+        if self.received > settings.FRP_MAX_UPLOAD_BYTES:
+            self.request.upload_too_large = True
+            raise StopUpload(connection_reset=True)
+        return super().receive_data_chunk(raw_data, start)
+
+
+def _upload_limit_message() -> str:
+    from django.template.defaultfilters import filesizeformat
+
+    return (
+        f"The file is larger than the upload limit of {filesizeformat(settings.FRP_MAX_UPLOAD_BYTES)}"
+        " (FRP_MAX_UPLOAD_BYTES); nothing was stored. Ingest larger files on the site's host "
+        "with manage.py dataset_ingest."
     )
 
 
@@ -74,19 +111,37 @@ def dataset_detail(request, pk: int):
 def dataset_upload(request):
     """A data steward uploads a CSV as a new dataset or a new version (site beside the portal).
 
-    The file is streamed to a temporary file on disk (``TemporaryFileUploadHandler``, never held
-    in memory whatever its size), ingested and registered by ``services.dataset_ingest``; the
+    The file is streamed to a temporary file on disk (never held in memory whatever its size) and
+    stops at ``FRP_MAX_UPLOAD_BYTES``: a body declared larger is refused before it is read, one
+    that grows larger is cut off while streaming; either way the form says which limit. Ingested
+    and registered by ``services.dataset_ingest`` (which bounds columns and line length); the
     temporary file is deleted at the end of the request. 403 for anyone who is not a data steward.
     """
     if not selectors.is_steward(user=request.user):
         raise PermissionDenied("Only data stewards upload datasets.")
-    request.upload_handlers = [TemporaryFileUploadHandler(request)]
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        declared = 0
+    request.upload_too_large = False
+    if request.method == "POST" and declared > settings.FRP_MAX_UPLOAD_BYTES:
+        return _upload_refused(request)  # before a byte of the body is read (nothing changes)
+    request.upload_handlers = [_LimitedUploadHandler(request)]
     return _dataset_upload(request)
+
+
+def _upload_refused(request):
+    sites = selectors.upload_sites(user=request.user)
+    form = DatasetUploadForm(sites=sites, datasets=Dataset.objects.filter(site__in=sites))
+    context = {"form": form, "sites": sites, "limit_error": _upload_limit_message()}
+    return render(request, "sandbox/dataset_upload.html", context, status=413)
 
 
 @csrf_protect
 def _dataset_upload(request):
     sites = selectors.upload_sites(user=request.user)
+    if request.method == "POST" and request.upload_too_large:  # cut off while streaming
+        return _upload_refused(request)
     datasets = Dataset.objects.filter(site__in=sites).select_related("site").order_by("title")
     initial = {}
     if request.method == "GET" and request.GET.get("dataset"):

@@ -23,10 +23,21 @@ class UserFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = get_user_model()
         django_get_or_create = ("username",)
+        skip_postgeneration_save = True
 
     username = factory.Sequence(lambda n: f"user{n}")
     email = factory.LazyAttribute(lambda u: f"{u.username}@example.org")
     password = factory.django.Password("pw-for-tests-123")
+
+    @factory.post_generation
+    def email_verified(self, create, extracted, **kwargs):
+        """An onboarded account has confirmed its address (``email_verified=False`` to not)."""
+        if create and self.email and extracted is not False:
+            from allauth.account.models import EmailAddress
+
+            EmailAddress.objects.get_or_create(
+                user=self, email=self.email, defaults={"verified": True, "primary": True}
+            )
 
 
 class InstitutionFactory(factory.django.DjangoModelFactory):

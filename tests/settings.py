@@ -18,4 +18,9 @@ from portal.settings import *  # noqa: E402,F403
 # One test database per pytest process, so concurrent runs (developers, helpers, CI) never collide.
 DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}  # noqa: F405
 
+# The tests' IdPs listen on loopback addresses (127.0.0.2, .3 …): the OIDC guard's allow-list.
+FRP_OIDC_ALLOWED_HOSTS = ["127.0.0.0/8"]
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast hashing in tests only
+# The Redis cache (as in deployments), with keys of this run only: no rate-limit count leaks
+# from one test run into the next.
+CACHES["default"]["KEY_PREFIX"] = f"frp-test-{os.getpid()}"  # noqa: F405

@@ -65,6 +65,29 @@ def ledger_checkpoint(*, size: int | None = None) -> LedgerCheckpoint | None:
     return checkpoints.first()
 
 
+def ledger_witnessing() -> dict:
+    """How much of the ledger witnesses vouch for: ``{"checkpoints": int, "cosigned": int,
+    "cosigned_size": int}`` — checkpoints signed, those cosigned by at least one witness, and the
+    size of the largest cosigned one (0 when none)."""
+    from django.db.models import Max
+
+    cosigned = LedgerCheckpoint.objects.filter(cosignatures__isnull=False).distinct()
+    return {
+        "checkpoints": LedgerCheckpoint.objects.count(),
+        "cosigned": cosigned.count(),
+        "cosigned_size": cosigned.aggregate(m=Max("size"))["m"] or 0,
+    }
+
+
+#: What ``ledger_verify`` cannot see from the database alone (printed with every report).
+UNDETECTABLE_WITHOUT_WITNESS = (
+    "This check reads only this database. It cannot detect a ledger shortened from its end (the "
+    "newest checkpoints and the leaves after them deleted) nor one rebuilt wholesale by whoever "
+    "holds the platform's signing key: only a checkpoint kept outside the portal can — a "
+    "witness's cosigned copy or a checkpoint an institution saved."
+)
+
+
 def ledger_checkpoint_note(checkpoint: LedgerCheckpoint) -> str:
     """The checkpoint's signed note with every accepted cosignature line appended.
 
@@ -348,6 +371,19 @@ class LedgerReport:
     checkpoints: int
     cosignatures: int
     problems: tuple[LedgerProblem, ...]
+    cosigned_size: int = 0  # leaves covered by the largest checkpoint a witness cosigned
+
+    @property
+    def limits(self) -> str:
+        """What this report cannot vouch for, in plain words."""
+        if not self.cosigned_size:
+            return "No checkpoint is cosigned by a witness. " + UNDETECTABLE_WITHOUT_WITNESS
+        return (
+            f"Witnesses cosigned checkpoints up to {self.cosigned_size} leaves; a witness that "
+            f"kept its copy can detect any change below that size. The {self.leaves - self.cosigned_size} "
+            "leaves after it rest on the platform's signature alone. "
+            + UNDETECTABLE_WITHOUT_WITNESS
+        )
 
     @property
     def ok(self) -> bool:
@@ -429,6 +465,7 @@ def ledger_verify(*, chunk: int = 10_000, max_problems: int = 50) -> LedgerRepor
     good_size = 0
     checkpoints = 0
     cosignatures = 0
+    cosigned_size = 0
     for checkpoint in LedgerCheckpoint.objects.order_by("size"):
         checkpoints += 1
         size, root_hash = checkpoint.size, bytes(checkpoint.root_hash)
@@ -477,6 +514,7 @@ def ledger_verify(*, chunk: int = 10_000, max_problems: int = 50) -> LedgerRepor
                 notes.open_note(cosignature.note, [(name, witness_key)])
                 if text != notes.parse_note(checkpoint.note)[0]:
                     raise notes.CheckpointError("text differs from the checkpoint's")
+                cosigned_size = max(cosigned_size, size)
             except notes.CheckpointError as exc:
                 problems.append(
                     LedgerProblem(
@@ -484,4 +522,6 @@ def ledger_verify(*, chunk: int = 10_000, max_problems: int = 50) -> LedgerRepor
                     )
                 )
     problems.sort(key=lambda p: (p.index, not p.exact))
-    return LedgerReport(expected, checkpoints, cosignatures, tuple(problems[:max_problems]))
+    return LedgerReport(
+        expected, checkpoints, cosignatures, tuple(problems[:max_problems]), cosigned_size
+    )

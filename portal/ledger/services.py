@@ -14,8 +14,10 @@ What this module owns:
   verifies under the platform key and that key.
 
 The platform's signing key is ``portal.ledger.signer``; the leaf format and the errors are
-``portal.ledger.leaves``. Ledger records carry ids and figures only (job, site, institution ids, amounts, scores), never
-personal data: every signed-in member of an institution may read them.
+``portal.ledger.leaves``. Ledger records carry ids, figures and hashes only (job, site, institution
+ids, amounts, scores, the SHA-256 of a free text), never personal data or free text: every signed-in
+member of every institution may read them and no one can remove them. ``_leaf_bytes`` refuses a
+string that could be free text (``leaves.check_no_free_text``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,12 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from portal.ledger import checkpoint as notes
-from portal.ledger.leaves import LedgerError, LedgerIntegrityError, canonical_json
+from portal.ledger.leaves import (
+    LedgerError,
+    LedgerIntegrityError,
+    canonical_json,
+    check_no_free_text,
+)
 from portal.ledger.merkle import leaf_hash
 from portal.ledger.models import (
     LedgerCheckpoint,
@@ -53,6 +60,7 @@ def _leaf_bytes(kind: str, record: dict[str, Any]) -> bytes:
         raise LedgerError(f"kind must be a non-empty string of at most {_KIND_MAX} characters")
     if not isinstance(record, dict):
         raise LedgerError("record must be a dict")
+    check_no_free_text(record, "record")
     if "kind" in record and record["kind"] != kind:
         raise LedgerError(f"record's 'kind' {record['kind']!r} differs from kind {kind!r}")
     try:

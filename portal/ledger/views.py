@@ -83,6 +83,7 @@ def _page_context(request, *, witness_form=None, cosign_form=None) -> dict:
         "verifier_key": ledger_verifier_key(),
         "size": size,
         "uncovered": size - checkpoint.size if checkpoint else size,
+        "witnessing": selectors.ledger_witnessing(),
         "page_obj": entries,
         "witnesses": witnesses,
         "can_witness": can_witness,

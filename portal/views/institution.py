@@ -121,6 +121,15 @@ def identity_provider(request, slug: str):
                     form.add_error(field if field in form.fields else None, error)
         else:
             messages.success(request, "Identity provider saved. Give your IdP the URLs below.")
+            if idp.protocol == "oidc" and idp.enabled:
+                from portal.oidc_guard import IssuerError, discover
+
+                try:  # the same fetch a sign-in makes: tell the admin now, not the users later
+                    discover(idp.issuer)
+                except IssuerError as exc:
+                    messages.warning(
+                        request, f"Saved, but sign-in will fail until this is fixed: {exc}."
+                    )
             return redirect("portal:institution_idp", slug=slug)
     return render(
         request,

@@ -105,6 +105,7 @@ def project_invite(request, slug: str):
                 project=project,
                 email=form.cleaned_data["email"],
                 role=form.cleaned_data["role"],
+                base_url=request.build_absolute_uri("/"),
             )
         except services.InvitationError as exc:
             messages.error(request, str(exc))
@@ -131,19 +132,21 @@ def project_member_role(request, slug: str, user_id: int):
 
 @login_required
 def invitation_respond(request, token: str):
-    """The invitee's page: accept or decline (only the addressee may answer)."""
+    """The invitation's page, reached by its single-use link: accept or decline.
+
+    The link is the credential (e-mailed to the invited address, or listed for an account holding
+    that address verified); once answered it opens nothing more.
+    """
     invitation = get_object_or_404(
         ProjectInvitation.objects.select_related("project__institution", "invited_by"), token=token
     )
-    if (request.user.email or "").lower() != invitation.email.lower():
-        raise Http404("No such invitation")
     if request.method == "POST":
         try:
             if request.POST.get("answer") == "accept":
-                services.invitation_accept(by=request.user, invitation_id=invitation.pk)
+                services.invitation_accept(by=request.user, token=token)
                 messages.success(request, f"You joined {invitation.project.title}.")
                 return redirect("portal:project_detail", slug=invitation.project.slug)
-            services.invitation_decline(by=request.user, invitation_id=invitation.pk)
+            services.invitation_decline(by=request.user, token=token)
             messages.info(request, "Invitation declined.")
             return redirect("portal:project_list")
         except services.InvitationError as exc:

@@ -11,6 +11,7 @@ from federation import services, superlink
 from federation.models import FederatedJob, JobSite, JobStatus
 from portal.models import ProjectRole
 from tests.factories import DatasetVersionFactory, ProjectFactory, ProjectMemberFactory
+from tests.federation.callback_support import record
 
 
 def running_job(num_sites: int, *, rounds: int = 2) -> FederatedJob:
@@ -33,11 +34,13 @@ def running_job(num_sites: int, *, rounds: int = 2) -> FederatedJob:
 
 
 def post(job: FederatedJob, event: str, **payload) -> dict:
-    return services.job_callback_record(job_id=job.pk, payload={"event": event, **payload})
+    """``event`` through the contract's parser into ``job_callback_record`` (its next number)."""
+    return record(job, {"event": event, **payload})
 
 
 def finish(job: FederatedJob, *, raw: dict | None = None) -> FederatedJob:
     """Post ``finished`` (if not yet) and end the job as the SuperLink reports ``raw``."""
+    job.refresh_from_db()
     if "eval_accuracy" not in job.final_metrics:
         post(job, "finished", rounds=job.num_rounds, eval_accuracy=0.9, eval_loss=0.3, sites={})
     run = superlink.RunStatus("7", "finished", "completed", "", raw or {})

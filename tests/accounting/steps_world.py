@@ -31,6 +31,7 @@ from tests.factories import (
     ProjectFactory,
     ProjectMemberFactory,
 )
+from tests.federation.callback_support import record
 
 FULL = {"": 0.5, "0": 0.6, "1": 0.7, "0,1": 0.8}
 BROKEN = {"": 0.5, "0": 0.6, "0,1": 0.8}  # v({s1}) was never reported
@@ -102,9 +103,7 @@ class StepsWorld:
         )
         for dv in self.versions:
             JobSite.objects.create(job=job, site=dv.dataset.site, dataset_version=dv)
-        post = lambda event, **p: services.job_callback_record(  # noqa: E731
-            job_id=job.pk, payload={"event": event, **p}
-        )
+        post = lambda event, **p: record(job, {"event": event, **p})  # noqa: E731
         post("round", round=1, sites={s: _metering(w) for s, w in WALL.items()})
         post("contribution", **utilities_event(["s0", "s1"], {"0": dict(utilities or FULL)}))
         if status == JobStatus.COMPLETED:

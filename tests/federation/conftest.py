@@ -26,7 +26,7 @@ from django.db import connection
 from django.utils import timezone
 
 from demo.seed import ingest_site_dataset
-from federation import runtime
+from federation import callbacks, runtime
 from federation.models import ComputePool
 from portal.models import Institution, ProjectRole, Site
 from portal.services import project_create, project_member_add
@@ -46,6 +46,8 @@ class FlowerWorld:
     worker_log: Path
     sites_dir: Path
     reply_log_dir: Path
+    received_log_dir: Path  # <site>.jsonl: every message each site's ClientApp received
+    federation: runtime.FederationState
 
 
 def _plant_number(path: Path) -> None:
@@ -120,6 +122,7 @@ def flower_world(slugs, *, root: Path, live_server, django_db_blocker):
                 versions.append(dv)
             for p in paths.values():
                 p.unlink()
+            (root / "received-logs").mkdir()
             state = runtime.start(
                 root / "federation",
                 [
@@ -127,9 +130,11 @@ def flower_world(slugs, *, root: Path, live_server, django_db_blocker):
                         site=s.slug,
                         store_url=f"file://{dj_settings.FRP_SITES_DIR / s.slug / 'store'}",
                         keyring=str(dj_settings.FRP_SITES_DIR / s.slug / "keyring"),
+                        received_log=str(root / "received-logs" / f"{s.slug}.jsonl"),
                     )
                     for s in sites
                 ],
+                superlink_env=callbacks.serverapp_environment(),
             )
             runtime.write_control_config(
                 dj_settings.FRP_FLWR_HOME, dj_settings.FRP_FEDERATION_NAME, state.superlink_address
@@ -179,6 +184,8 @@ def flower_world(slugs, *, root: Path, live_server, django_db_blocker):
                 worker_log,
                 root / "sites",
                 root / "reply-logs",
+                root / "received-logs",
+                state,
             )
         finally:
             if worker is not None:

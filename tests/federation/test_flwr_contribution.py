@@ -119,14 +119,12 @@ def test_utilities_are_pooled_held_out_accuracy_of_each_coalition_model():
     for members in [(), (0,), (2,), (0, 2), (0, 1, 2)]:
         model = task.coalition_run_model(initial, logs, frozenset(members))
         pooled = task.loss_and_accuracy(model, X, y)[1]
-        assert out["utilities"]["0"][task.coalition_key(frozenset(members))] == pytest.approx(
-            pooled
-        )
+        assert out.utilities["0"][task.coalition_key(frozenset(members))] == pytest.approx(pooled)
     round_2 = task.coalition_round_model(logs[1], frozenset({1}))
-    assert out["utilities"]["2"]["1"] == pytest.approx(task.loss_and_accuracy(round_2, X, y)[1])
-    assert out["models"] == 8 * 3 and len(out["utilities"]) == 3
-    assert out["examples"] == {"a": 7, "b": 23, "c": 11}
-    assert out["method"] == "exact" and out["errors"] == {}
+    assert out.utilities["2"]["1"] == pytest.approx(task.loss_and_accuracy(round_2, X, y)[1])
+    assert out.models == 8 * 3 and len(out.utilities) == 3
+    assert out.examples == {"a": 7, "b": 23, "c": 11}
+    assert out.method == "exact" and out.errors == {}
 
 
 def test_a_silent_site_is_left_out_and_named():
@@ -144,11 +142,11 @@ def test_a_silent_site_is_left_out_and_named():
         poll=0.01,
     )
 
-    assert set(out["examples"]) == {"a", "b"} and "c" in out["errors"]
+    assert set(out.examples) == {"a", "b"} and "c" in out.errors
     X = np.concatenate([held_out[101][0], held_out[102][0]])
     y = np.concatenate([held_out[101][1], held_out[102][1]])
     full = task.coalition_run_model(initial, logs, frozenset({0, 1, 2}))
-    assert out["utilities"]["0"]["0,1,2"] == pytest.approx(task.loss_and_accuracy(full, X, y)[1])
+    assert out.utilities["0"]["0,1,2"] == pytest.approx(task.loss_and_accuracy(full, X, y)[1])
 
 
 def test_no_site_answering_fails_the_evaluation():

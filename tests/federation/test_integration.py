@@ -9,16 +9,21 @@ contribution (issue 5) are computed from what the real run posted.
 
 from __future__ import annotations
 
+import base64
 import json
+import re
+import stat
 from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from django.apps import apps
 from django.core import serializers
 from django.db import connection
+from django.test import Client
 from django.utils import timezone
 
 from accounting.models import (
@@ -29,8 +34,10 @@ from accounting.models import (
     PriceRule,
     UsageRecord,
 )
-from federation import services
+from federation import callbacks, services
 from federation.models import FederatedJob, JobSiteStatus, JobStatus, RoundMetric, SiteRoundMetric
+from frp_flwr import contract
+from frp_flwr.signing import SignatureError, job_key, sign, verify
 from portal.ledger.models import LedgerEntry
 from sandbox.keyring import SiteKeyring
 from sandbox.loader import load_table
@@ -66,6 +73,9 @@ class Outcome:
     credit_names: list
     ledger_kinds: Counter
     accounting_steps: dict
+    forged_callbacks: dict  # run-config value used as the key → HTTP status of the callback
+    real_key_callback: tuple  # (status, body) of a callback signed with the run's real key
+    failure_reason_after: str
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +111,7 @@ def outcome(flower_job_world, django_db_blocker) -> Outcome:
                 timeout=60,
                 what="the worker's accounting chain (its last step drafts the credit)",
             )
+        forged, real = _forged_callbacks(w, job)
         usage = list(UsageRecord.objects.filter(job=job).select_related("site"))
         scores = list(ContributionScore.objects.filter(job=job).select_related("site"))
         statement = CreditStatement.objects.filter(job=job).first()
@@ -126,7 +137,36 @@ def outcome(flower_job_world, django_db_blocker) -> Outcome:
             accounting_steps=dict(
                 JobAccountingStep.objects.filter(job=job).values_list("step", "status")
             ),
+            forged_callbacks=forged,
+            real_key_callback=real,
+            failure_reason_after=FederatedJob.objects.get(pk=job.pk).failure_reason,
         )
+
+
+FORGED = json.dumps({"event": "failed", "seq": 10**6, "reason": "forged"}).encode()
+
+
+def _run_config_seen_by(w, site: str) -> dict:
+    """The run config as ``site``'s ClientApp received it (its received log)."""
+    first = (w.received_log_dir / f"{site}.jsonl").read_text().splitlines()[0]
+    return json.loads(first)["run_config"]
+
+
+def _forged_callbacks(w, job) -> tuple[dict, tuple]:
+    """Post a ``failed`` event signed with each run-config value a site received (as a key), and
+    once with the run's real key (the job has ended, so that one meets a 409, not a 403)."""
+    client, url = Client(), f"/jobs/callback/{job.pk}/"
+    forged = {}
+    for key, value in _run_config_seen_by(w, w.versions[0].dataset.site.slug).items():
+        headers = sign(str(value).encode(), FORGED)
+        forged[key] = client.post(
+            url, FORGED, content_type="application/json", headers=headers
+        ).status_code
+    real_key = callbacks.run_key(job_id=job.pk, run_id=job.flower_run_id)
+    response = client.post(
+        url, FORGED, content_type="application/json", headers=sign(real_key, FORGED)
+    )
+    return forged, (response.status_code, response.content)
 
 
 def test_job_completes_with_round_metrics(outcome, flower_job_world):
@@ -263,3 +303,107 @@ def test_worker_bills_and_credits_the_finished_job(outcome):
     assert outcome.ledger_kinds["usage"] == len(sites)
     assert outcome.ledger_kinds["contribution"] >= len(sites)
     assert outcome.ledger_kinds["charge"] + outcome.ledger_kinds["credit"] == len(outcome.billing)
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 9, finding 1: no callback credential reaches a site
+# ---------------------------------------------------------------------------------------------
+
+_TOKEN_RE = re.compile(rb"[A-Za-z0-9+/=_.:-]{16,}")
+
+
+def _site_bytes(w) -> dict[str, bytes]:
+    """Every byte a SuperNode received or keeps, and the SuperLink's database, by where it was."""
+    out: dict[str, bytes] = {}
+    for log in sorted(w.received_log_dir.glob("*.jsonl")):  # messages + run/node config, as run
+        out[str(log)] = log.read_bytes()
+    for home in sorted(w.runtime_root.glob("supernode-*-home")):  # FLWR_HOME: the app (FAB) …
+        for path in home.rglob("*"):
+            if path.is_file():
+                out[str(path)] = path.read_bytes()
+    for path in sorted(w.runtime_root.glob("superlink.db*")):  # run configs, messages, state
+        out[str(path)] = path.read_bytes()
+    for path in sorted((w.runtime_root / "logs").glob("supernode-*.log")):
+        out[str(path)] = path.read_bytes()
+    for site, pid in w.federation.supernodes.items():  # the SuperNode's own environment
+        out[f"/proc/{pid}/environ ({site})"] = Path(f"/proc/{pid}/environ").read_bytes()
+    return out
+
+
+def test_no_callback_credential_reaches_a_site(outcome, flower_job_world):
+    """Read all a site receives, plus the SuperLink's database: no callback key is there, and a
+    callback signed with anything found there is refused."""
+    w, job = flower_job_world, outcome.job
+    assert job.status == JobStatus.COMPLETED
+    master = callbacks.master_key()
+    key = callbacks.run_key(job_id=job.pk, run_id=job.flower_run_id)
+    secrets = {
+        master,
+        key,
+        key.hex().encode(),
+        base64.b64encode(key),
+        base64.urlsafe_b64encode(key),
+    }
+    blobs = _site_bytes(w)
+
+    # The capture is complete: each site logged every message it handled (discovery, 2 train,
+    # 2 evaluate, 1 coalition evaluation) with the run config and node config it ran under.
+    for version in w.versions:
+        site = version.dataset.site.slug
+        lines = (w.received_log_dir / f"{site}.jsonl").read_text().splitlines()
+        entries = [json.loads(line) for line in lines]
+        assert Counter(e["message_type"] for e in entries) == {
+            "query": 1,
+            "train": 2,
+            "evaluate": 2,
+            "evaluate.coalitions": 1,
+        }, site
+        assert all(e["run_id"] == int(job.flower_run_id) for e in entries)
+        assert set(entries[0]["run_config"]) == set(contract.RunConfig.keys())
+        assert entries[0]["node_config"]["site"] == site
+    assert any(name.endswith("superlink.db") for name in blobs)
+    assert any("supernode-" in name and name.endswith(".toml") for name in blobs)  # the app
+
+    for name, data in blobs.items():
+        for secret in secrets:
+            assert secret not in data, f"a callback credential is in {name}"
+        assert b"FRP_CALLBACK_KEY" not in data or not name.startswith("/proc/"), name
+
+    # Anything found there, used as a job key or as a platform key, signs nothing the portal takes.
+    candidates = {m.group() for data in blobs.values() for m in _TOKEN_RE.finditer(data)}
+    config = _run_config_seen_by(w, w.versions[0].dataset.site.slug)
+    candidates |= {str(v).encode() for v in config.values()}
+    assert len(candidates) > 100  # not vacuous: tokens of every file were tried
+    body = FORGED
+    for candidate in candidates:
+        for forged in (candidate, job_key(candidate, job_id=job.pk, run_id=job.flower_run_id)):
+            headers = sign(forged, body)
+            with pytest.raises(SignatureError, match="does not match"):
+                verify(
+                    key,
+                    body,
+                    timestamp=headers["X-FRP-Timestamp"],
+                    signature=headers["X-FRP-Signature"],
+                )
+
+    # Through the real endpoint (posted before the module's flush, see ``outcome``): each
+    # run-config value as the key is refused (403); the real key passes the signature check and
+    # meets the finished job's refusal instead (409). Nothing was written.
+    assert set(outcome.forged_callbacks) == set(contract.RunConfig.keys())
+    assert set(outcome.forged_callbacks.values()) == {403}
+    status, content = outcome.real_key_callback
+    assert status == 409 and b"callbacks are accepted only while" in content
+    assert outcome.failure_reason_after == ""
+
+
+def test_superlink_database_and_homes_are_private(outcome, flower_job_world):
+    """Files that hold a run's state are 0600 in 0700 folders (umask 077 for every process)."""
+    w = flower_job_world
+    assert outcome.job.status == JobStatus.COMPLETED
+    database = w.runtime_root / "superlink.db"
+    assert stat.S_IMODE(database.stat().st_mode) == 0o600
+    for folder in [w.runtime_root, *w.runtime_root.glob("*-home"), w.runtime_root / "logs"]:
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+    for path in w.runtime_root.rglob("*"):
+        if path.is_file():
+            assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path

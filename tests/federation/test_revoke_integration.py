@@ -19,6 +19,7 @@ import pytest
 from accounting.models import CreditStatement
 from federation import services
 from federation.models import FederatedJob, JobSiteStatus, JobStatus, RoundMetric, SiteRoundMetric
+from frp_flwr import contract
 from portal.models import Membership, Role
 from sandbox import services as sandbox_services
 from sandbox.models import AccessRequest, AccessStatus
@@ -67,15 +68,15 @@ def outcome(three_site_world, django_db_blocker) -> Outcome:
         revoked_at_round: list[int] = []
         real_record = services.job_callback_record
 
-        def revoke_at_round_one(*, job_id, payload):
+        def revoke_at_round_one(*, job_id, seq, event):
             """Runs in the live server: the steward revokes as round 1's callback arrives."""
-            first_round = payload.get("event") == "round" and int(payload["round"]) == 1
+            first_round = isinstance(event, contract.Round) and event.round == 1
             if first_round and not revoked_at_round:
                 sandbox_services.access_grant_revoke(
                     by=steward_c, request_id=grant.pk, reason="consent withdrawn"
                 )
                 revoked_at_round.append(1)
-            return real_record(job_id=job_id, payload=payload)
+            return real_record(job_id=job_id, seq=seq, event=event)
 
         with mock.patch.object(services, "job_callback_record", revoke_at_round_one):
             job = services.job_submit(

@@ -14,6 +14,7 @@ from django.utils import timezone
 from federation import services, superlink
 from federation.models import FederatedJob, JobSiteStatus, JobStatus, RoundMetric, SiteRoundMetric
 from federation.signals import job_finished
+from frp_flwr import contract
 from portal.models import AuditEvent, ProjectRole
 from sandbox.models import AccessStatus
 from tests.factories import (
@@ -23,6 +24,7 @@ from tests.factories import (
     ProjectMemberFactory,
     UserFactory,
 )
+from tests.federation.callback_support import record
 
 pytestmark = pytest.mark.django_db
 
@@ -162,7 +164,8 @@ def test_job_launch_submits_run_with_spec_and_marks_running(world, fake_superlin
     assert job.flower_run_id == "18446744073709551615"
     cfg = fake_superlink.submitted[0]
     assert cfg["job-id"] == job.pk and cfg["num-rounds"] == 2
-    assert cfg["callback-token"] == job.callback_token
+    assert set(cfg) == set(contract.RunConfig.keys())  # every key of the contract, no other
+    assert contract.RunConfig.from_flower(cfg).job_id == job.pk
     assert cfg["callback-url"].endswith(f"/jobs/callback/{job.pk}/")
     import json
 
@@ -235,7 +238,7 @@ def _round_payload(world, rnd, ok=True):
 def test_callback_round_is_idempotent(world, fake_superlink, launch):
     job = launch(world)
     for _ in range(2):
-        services.job_callback_record(job_id=job.pk, payload=_round_payload(world, 1))
+        record(job, _round_payload(world, 1))
     assert RoundMetric.objects.filter(job=job).count() == 1
     assert SiteRoundMetric.objects.filter(job_site__job=job).count() == 2
     assert all(js.rounds_completed == 1 for js in job.sites.all())
@@ -243,7 +246,7 @@ def test_callback_round_is_idempotent(world, fake_superlink, launch):
 
 def test_callback_failed_site_is_dropped_with_its_error(world, fake_superlink, launch):
     job = launch(world)
-    services.job_callback_record(job_id=job.pk, payload=_round_payload(world, 1, ok=False))
+    record(job, _round_payload(world, 1, ok=False))
     dropped = job.sites.get(site=world["versions"][1].dataset.site)
     assert dropped.status == JobSiteStatus.DROPPED and dropped.last_error == "boom"
 
@@ -253,7 +256,7 @@ def test_callback_answers_sites_whose_grant_was_revoked(world, fake_superlink, l
     g = world["grants"][1]
     g.status = AccessStatus.REVOKED
     g.save()
-    answer = services.job_callback_record(job_id=job.pk, payload=_round_payload(world, 1))
+    answer = record(job, _round_payload(world, 1))
     assert answer["drop_sites"] == [world["versions"][1].dataset.site.slug]
     dropped = job.sites.get(site=world["versions"][1].dataset.site)
     assert dropped.status == JobSiteStatus.DROPPED and "round 1" in dropped.last_error
@@ -263,7 +266,7 @@ def test_callback_for_finished_job_refused(world, fake_superlink, launch):
     job = launch(world)
     FederatedJob.objects.filter(pk=job.pk).update(status=JobStatus.COMPLETED)
     with pytest.raises(services.JobError):
-        services.job_callback_record(job_id=job.pk, payload=_round_payload(world, 1))
+        record(job, _round_payload(world, 1))
 
 
 @pytest.mark.parametrize(
@@ -307,9 +310,7 @@ def test_finished_job_is_handed_on_once_through_job_finished(world, fake_superli
 
 def test_reconcile_keeps_serverapp_failure_reason(world, fake_superlink, launch):
     job = launch(world)
-    services.job_callback_record(
-        job_id=job.pk, payload={"event": "failed", "reason": "only 1 of 2 sites"}
-    )
+    record(job, {"event": "failed", "reason": "only 1 of 2 sites"})
     fake_superlink.status = superlink.RunStatus("7", "finished", "failed", "ServerApp exited", {})
     job = services.job_reconcile(job_id=job.pk)
     assert job.status == JobStatus.FAILED and job.status_detail == "only 1 of 2 sites"
@@ -373,7 +374,7 @@ def test_callback_round_stores_bytes_received_and_sent(world, fake_superlink, la
     a = world["versions"][0].dataset.site.slug
     payload["sites"][a].update(bytes_received=3422, bytes_sent=1711)
 
-    services.job_callback_record(job_id=job.pk, payload=payload)
+    record(job, payload)
 
     metric = SiteRoundMetric.objects.get(job_site__site__slug=a, round=1)
     assert (metric.bytes_received, metric.bytes_sent) == (3422, 1711)
@@ -403,14 +404,17 @@ def _contribution_payload(world):
     }
 
 
-def test_callback_contribution_stored_and_kept_when_finished_arrives_again(
-    world, fake_superlink, launch
-):
+def test_callback_contribution_stored_and_final_results_not_replaced(world, fake_superlink, launch):
     job = launch(world)
     finished = {"event": "finished", "rounds": 2, "eval_accuracy": 0.9, "model": [[1.0]]}
-    services.job_callback_record(job_id=job.pk, payload=finished)
-    services.job_callback_record(job_id=job.pk, payload=_contribution_payload(world))
-    services.job_callback_record(job_id=job.pk, payload=finished)  # a re-delivery
+    record(job, finished)
+    record(job, _contribution_payload(world))
+    with pytest.raises(services.JobError, match="final results are recorded"):
+        record(job, {**finished, "eval_accuracy": 0.1})  # a second finished event
+    with pytest.raises(services.JobError, match="final results are recorded"):
+        record(job, _round_payload(world, 1))  # a round after the end
+    with pytest.raises(services.JobError, match="cannot be replaced"):
+        record(job, _contribution_payload(world))
 
     job.refresh_from_db()
     stored = job.final_metrics["contribution"]
@@ -428,7 +432,7 @@ def test_callback_contribution_naming_a_foreign_site_refused(world, fake_superli
     payload["players"] = [payload["players"][0], "elsewhere"]
 
     with pytest.raises(services.JobError, match="elsewhere"):
-        services.job_callback_record(job_id=job.pk, payload=payload)
+        record(job, payload)
 
     job.refresh_from_db()
     assert "contribution" not in job.final_metrics
@@ -439,8 +443,29 @@ def test_callback_contribution_with_non_number_utility_refused(world, fake_super
     payload = _contribution_payload(world)
     payload["utilities"]["0"]["0"] = "NaN"
 
-    with pytest.raises(services.JobError, match="not a number"):
-        services.job_callback_record(job_id=job.pk, payload=payload)
+    with pytest.raises(contract.ContractError, match="expected a number"):
+        record(job, payload)
+
+
+def test_callback_event_number_accepted_once(world, fake_superlink, launch):
+    job = launch(world)
+    record(job, _round_payload(world, 1), seq=5)
+
+    for replayed in (5, 4, 1):  # the same number again, or any lower one
+        with pytest.raises(services.JobError, match="already accepted"):
+            record(job, {"event": "failed", "reason": "forged"}, seq=replayed)
+
+    job.refresh_from_db()
+    assert job.callback_seq == 5 and job.failure_reason == ""
+    record(job, _round_payload(world, 2), seq=6)
+    assert RoundMetric.objects.filter(job=job).count() == 2
+
+
+def test_callback_round_beyond_the_jobs_rounds_refused(world, fake_superlink, launch):
+    job = launch(world)
+    with pytest.raises(services.JobError, match="beyond the job's 2 rounds"):
+        record(job, _round_payload(world, 3))
+    assert not RoundMetric.objects.filter(job=job).exists()
 
 
 def test_reconcile_keeps_flowers_run_figures(world, fake_superlink, launch):

@@ -1,7 +1,9 @@
-"""Tests of the callback signatures (``federation/signing.py``).
+"""Tests of the callback signatures (``frp_flwr/signing.py``).
 
 The primitive is pinned by RFC 4231 test vectors, and the scheme (HMAC-SHA256 over ``b"<ts>." + body``,
-``v1=<hex>``) is checked against an HMAC written here from RFC 2104 §2 on top of ``hashlib``.
+``v1=<hex>``) is checked against an HMAC written here from RFC 2104 §2 on top of ``hashlib``. The
+per-run key is checked against HKDF written here from RFC 5869 §2, itself pinned by the RFC's test
+case 1.
 """
 
 from __future__ import annotations
@@ -12,16 +14,20 @@ import json
 
 import pytest
 
-from federation.signing import (
+from frp_flwr.signing import (
+    KEY_ENV,
+    KEY_FILE_ENV,
     MAX_SKEW_SECONDS,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
     SignatureError,
+    job_key,
+    master_key_from_environ,
     sign,
     verify,
 )
 
-TOKEN = "3f" * 32  # the shape of a job's callback token (64 hex characters)
+TOKEN = b"\x3f" * 32  # the shape of a run's job key (32 bytes)
 BODY = json.dumps({"event": "round", "round": 1, "eval_accuracy": 0.9}).encode()
 TS = 1_700_000_000
 
@@ -59,14 +65,14 @@ def test_hmac_sha256_primitive_matches_rfc4231(vector):
 def test_sign_matches_documented_scheme():
     headers = sign(TOKEN, BODY, timestamp=TS)
 
-    expected = rfc2104_hmac_sha256(TOKEN.encode(), b"1700000000." + BODY)
+    expected = rfc2104_hmac_sha256(TOKEN, b"1700000000." + BODY)
     assert headers == {TIMESTAMP_HEADER: "1700000000", SIGNATURE_HEADER: f"v1={expected}"}
 
 
 def test_sign_with_rfc4231_key_matches_reference_hmac():
     key, data, _ = RFC4231_CASE2
 
-    headers = sign(key.decode(), data, timestamp=0)
+    headers = sign(key, data, timestamp=0)
 
     expected = hmac.new(key, b"0." + data, hashlib.sha256).hexdigest()
     assert headers[SIGNATURE_HEADER] == f"v1={expected}"
@@ -111,7 +117,7 @@ def test_verify_body_tampered_raises(tampered):
 
 
 def test_verify_other_token_raises():
-    headers = sign("another-jobs-token", BODY, timestamp=TS)
+    headers = sign(b"another-runs-key", BODY, timestamp=TS)
 
     with pytest.raises(SignatureError, match="does not match"):
         verify(
@@ -173,3 +179,69 @@ def test_verify_timestamp_at_window_edge_accepts(skew):
 def test_verify_bad_headers_raise(timestamp, signature, message):
     with pytest.raises(SignatureError, match=message):
         verify(TOKEN, BODY, timestamp=timestamp, signature=signature, now=TS)
+
+
+# --- the per-run key (HKDF, RFC 5869) and the platform key on the ServerApp's host --------------
+
+
+def rfc5869_hkdf_sha256(ikm: bytes, salt: bytes, info: bytes, length: int) -> bytes:
+    """HKDF from its definition (RFC 5869 §2.2 extract, §2.3 expand) on top of ``hmac``."""
+    prk = hmac.new(salt, ikm, hashlib.sha256).digest()
+    okm, block, counter = b"", b"", 1
+    while len(okm) < length:
+        block = hmac.new(prk, block + info + bytes([counter]), hashlib.sha256).digest()
+        okm += block
+        counter += 1
+    return okm[:length]
+
+
+def test_reference_hkdf_matches_rfc5869_test_case_1():
+    okm = rfc5869_hkdf_sha256(
+        bytes.fromhex("0b" * 22),
+        bytes.fromhex("000102030405060708090a0b0c"),
+        bytes.fromhex("f0f1f2f3f4f5f6f7f8f9"),
+        42,
+    )
+
+    assert okm.hex() == (
+        "3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf34007208d5b887185865"
+    )
+
+
+def test_job_key_is_hkdf_of_the_platform_key_with_job_and_run():
+    master = b"m" * 40
+
+    key = job_key(master, job_id=17, run_id="18446744073709551615")
+
+    assert key == rfc5869_hkdf_sha256(
+        master, b"frp-callback-v1", b"job=17;run=18446744073709551615", 32
+    )
+
+
+def test_job_key_differs_per_job_and_per_run():
+    master = b"m" * 40
+    keys = {job_key(master, job_id=j, run_id=r) for j in (1, 2) for r in (7, 8)}
+
+    assert len(keys) == 4
+    assert job_key(b"n" * 40, job_id=1, run_id=7) not in keys  # and per platform key
+
+
+def test_master_key_from_environ_reads_the_variable_then_the_file(tmp_path):
+    path = tmp_path / "callback.key"
+    path.write_text("f" * 64 + "\n")
+
+    assert master_key_from_environ({KEY_ENV: "e" * 40, KEY_FILE_ENV: str(path)}) == b"e" * 40
+    assert master_key_from_environ({KEY_FILE_ENV: str(path)}) == b"f" * 64
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({}, "no callback key on this host"),
+        ({KEY_ENV: "too-short"}, "shorter than 32"),
+        ({KEY_FILE_ENV: "/nonexistent/callback.key"}, "cannot read"),
+    ],
+)
+def test_master_key_from_environ_without_a_usable_key_raises(environ, message):
+    with pytest.raises(SignatureError, match=message):
+        master_key_from_environ(environ)

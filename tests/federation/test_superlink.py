@@ -174,7 +174,6 @@ def test_run_submit_run_config_survives_toml_round_trip(flwr, conn):
         "job-id": 17,
         "job-spec": spec,
         "callback-url": "http://127.0.0.1:8000/jobs/callback/17/",
-        "callback-token": "ab" * 32,
         "quoted": 'he said "hi"',
         "backslashes": "C:\\data\\new\\table.csv",
         "multiline": "first line\nsecond line\ttab",

@@ -8,7 +8,6 @@ The SuperLink boundary is faked (``FakeSuperLink`` from test_services); nothing 
 from __future__ import annotations
 
 import html
-import json
 import re
 import time
 from datetime import timedelta
@@ -19,7 +18,7 @@ from django.test import Client
 from django.utils import timezone
 
 from accounting.models import BillingEntry, ContributionScore
-from federation import services
+from federation import callbacks, services
 from federation.models import (
     ComputePool,
     FederatedJob,
@@ -28,7 +27,8 @@ from federation.models import (
     RoundMetric,
     SiteRoundMetric,
 )
-from federation.signing import sign
+from frp_flwr import contract
+from frp_flwr.signing import sign
 from portal.models import Membership, ProjectRole, Role
 from sandbox.models import AccessStatus
 from tests.factories import (
@@ -39,6 +39,7 @@ from tests.factories import (
     ProjectMemberFactory,
     UserFactory,
 )
+from tests.federation.callback_support import body_of, post, signed
 from tests.federation.test_services import FakeSuperLink
 
 pytestmark = pytest.mark.django_db
@@ -477,7 +478,7 @@ def anon():
     return Client(enforce_csrf_checks=True)
 
 
-def _round_body(job: FederatedJob, rnd: int = 1) -> bytes:
+def _round_body(job: FederatedJob, rnd: int = 1, seq: int = 1) -> bytes:
     sites = {
         js.site.slug: {"ok": True, "train_examples": 40, "eval_examples": 10}
         for js in job.sites.select_related("site")
@@ -492,16 +493,10 @@ def _round_body(job: FederatedJob, rnd: int = 1) -> bytes:
         "wall_seconds": 3.5,
         "sites": sites,
     }
-    return json.dumps(payload).encode()
+    return body_of(payload, seq=seq)
 
 
-def _post(client, job, body: bytes, headers: dict | None = None):
-    return client.post(
-        f"/jobs/callback/{job.pk}/",
-        data=body,
-        content_type="application/json",
-        headers=headers or {},
-    )
+_post = post
 
 
 def test_callback_unsigned_is_403(anon, running_job):
@@ -513,7 +508,7 @@ def test_callback_unsigned_is_403(anon, running_job):
 
 def test_callback_wrong_signature_is_403(anon, running_job):
     body = _round_body(running_job)
-    headers = sign("not-the-job-token", body)
+    headers = sign(b"not-the-job-key", body)
 
     response = _post(anon, running_job, body, headers)
 
@@ -522,7 +517,7 @@ def test_callback_wrong_signature_is_403(anon, running_job):
 
 
 def test_callback_signature_of_other_body_is_403(anon, running_job):
-    headers = sign(running_job.callback_token, _round_body(running_job, rnd=1))
+    headers = signed(running_job, _round_body(running_job, rnd=1))
 
     response = _post(anon, running_job, _round_body(running_job, rnd=2), headers)
 
@@ -533,7 +528,7 @@ def test_callback_signature_of_other_body_is_403(anon, running_job):
 @pytest.mark.parametrize("skew", [-301, 301, -3600])
 def test_callback_stale_timestamp_is_403(anon, running_job, skew):
     body = _round_body(running_job)
-    headers = sign(running_job.callback_token, body, timestamp=int(time.time()) + skew)
+    headers = signed(running_job, body, timestamp=int(time.time()) + skew)
 
     response = _post(anon, running_job, body, headers)
 
@@ -543,12 +538,12 @@ def test_callback_stale_timestamp_is_403(anon, running_job, skew):
 
 def test_callback_valid_signature_records_round_without_login_or_csrf(anon, running_job):
     body = _round_body(running_job)
-    headers = sign(running_job.callback_token, body)
+    headers = signed(running_job, body)
 
     response = _post(anon, running_job, body, headers)
 
     assert response.status_code == 200
-    assert response.json() == {"ok": True, "drop_sites": []}
+    assert response.json() == {"ok": True, "drop_sites": [], "error": ""}
     metric = RoundMetric.objects.get(job=running_job)
     assert metric.round == 1
     assert (metric.train_loss, metric.eval_loss, metric.eval_accuracy) == (0.61, 0.52, 0.875)
@@ -559,7 +554,7 @@ def test_callback_valid_signature_records_round_without_login_or_csrf(anon, runn
 def test_callback_valid_signature_for_completed_job_is_409(anon, running_job):
     FederatedJob.objects.filter(pk=running_job.pk).update(status=JobStatus.COMPLETED)
     body = _round_body(running_job)
-    headers = sign(running_job.callback_token, body)
+    headers = signed(running_job, body)
 
     response = _post(anon, running_job, body, headers)
 
@@ -569,7 +564,7 @@ def test_callback_valid_signature_for_completed_job_is_409(anon, running_job):
 
 def test_callback_malformed_json_with_valid_signature_is_400(anon, running_job):
     body = b'{"event": "round", "round": '
-    headers = sign(running_job.callback_token, body)
+    headers = signed(running_job, body)
 
     response = _post(anon, running_job, body, headers)
 
@@ -579,7 +574,7 @@ def test_callback_malformed_json_with_valid_signature_is_400(anon, running_job):
 
 def test_callback_unknown_job_is_404(anon, running_job):
     body = _round_body(running_job)
-    headers = sign(running_job.callback_token, body)
+    headers = signed(running_job, body)
 
     response = anon.post(
         f"/jobs/callback/{running_job.pk + 1000}/",
@@ -595,3 +590,90 @@ def test_callback_get_not_allowed(anon, running_job):
     response = anon.get(f"/jobs/callback/{running_job.pk}/")
 
     assert response.status_code == 405
+
+
+def _job_state(job: FederatedJob) -> tuple:
+    job = FederatedJob.objects.get(pk=job.pk)
+    return (
+        job.status,
+        job.final_metrics,
+        job.failure_reason,
+        job.callback_seq,
+        RoundMetric.objects.filter(job=job).count(),
+        SiteRoundMetric.objects.filter(job_site__job=job).count(),
+        sorted(job.sites.values_list("status", "node_id")),
+    )
+
+
+def _deep_body(levels: int) -> bytes:
+    return b'{"event":"started","seq":1,"nodes":' + b"[" * levels + b"]" * levels + b"}"
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'[{"event": "round", "seq": 1, "round": 1}]', "must be a JSON object, not list"),
+        (b'{"event": "round", "seq": 1, "round": 1, "sites": [{"ok": true}]}', "sites: expected"),
+        (b'{"event": "round", "seq": 1, "round": 1000000000000000000000000000000}', "outside"),
+        (b'{"event": "started", "seq": 1, "nodes": [1]}', "nodes: expected an object"),
+        (_deep_body(100_000), "nested too deeply"),
+        (
+            b'{"event": "finished", "seq": 1, "rounds": 2, "eval_accuracy": 0.9, '
+            b'"eval_loss": NaN, "model": [[1.0]]}',
+            "NaN is not a number",
+        ),
+        (b'{"event": "finished", "seq": 1, "rounds": 2, "model": [[1e999]]}', "not a finite"),
+    ],
+    ids=["json-list", "sites-list", "round-1e30", "nodes-list", "deep", "nan-final", "inf-model"],
+)
+def test_callback_signed_but_malformed_is_400_and_changes_nothing(anon, running_job, body, message):
+    """Issue 9, finding 7: these bodies, validly signed, were 500s (or wrote half an event)."""
+    before = _job_state(running_job)
+
+    response = _post(anon, running_job, body, signed(running_job, body))
+
+    assert response.status_code == 400
+    assert message in response.json()["error"]
+    assert _job_state(running_job) == before
+
+
+def test_callback_replayed_inside_the_window_is_409(anon, running_job):
+    """Issue 9, finding 1: a captured post, sent again within the 300 s window, is refused."""
+    body = _round_body(running_job, seq=1)
+    headers = signed(running_job, body)
+    assert _post(anon, running_job, body, headers).status_code == 200
+    before = _job_state(running_job)
+
+    replay = _post(anon, running_job, body, headers)
+
+    assert replay.status_code == 409 and "already accepted" in replay.json()["error"]
+    assert _job_state(running_job) == before
+
+
+def test_callback_before_the_run_id_is_recorded_is_503_for_a_retry(anon, running_job):
+    FederatedJob.objects.filter(pk=running_job.pk).update(flower_run_id="")
+    body = _round_body(running_job)
+
+    response = _post(anon, running_job, body, sign(b"k" * 32, body))
+
+    assert response.status_code == 503 and response["Retry-After"] == "1"
+    assert not RoundMetric.objects.exists()
+
+
+def test_callback_signed_for_another_run_of_the_job_is_403(anon, running_job):
+    """The key is per run: a ServerApp of an earlier run of the job (or its key) signs nothing."""
+    body = _round_body(running_job)
+    other_run = callbacks.run_key(job_id=running_job.pk, run_id="8")
+
+    response = _post(anon, running_job, body, sign(other_run, body))
+
+    assert response.status_code == 403
+    assert not RoundMetric.objects.exists()
+
+
+def test_callback_body_over_the_limit_is_413(anon, running_job):
+    body = b" " * (contract.MAX_EVENT_BYTES + 1)
+
+    response = _post(anon, running_job, body, signed(running_job, body))
+
+    assert response.status_code == 413

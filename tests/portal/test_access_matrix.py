@@ -37,8 +37,9 @@ from django.test import Client
 from django.utils import timezone
 
 from accounting.models import AccountingStep, JobAccountingStep
+from federation import callbacks
 from federation.models import FederatedJob, JobStatus, ModelRelease, ReleaseStatus
-from federation.signing import sign
+from frp_flwr.signing import sign
 from portal.models import (
     IdentityProvider,
     Membership,
@@ -255,9 +256,12 @@ def _idp_issuer(i: str) -> Callable[[World], object]:
 
 
 def _invitation_answer(w: World) -> object:
+    """The invitation's status and who answered it (its link is the credential: issue 9)."""
     invitation = ProjectInvitation.objects.get(pk=w.invitation.pk)
-    joined = ProjectMember.objects.filter(project=w.projects["A"], user=w.user(INVITEE)).exists()
-    return (invitation.status, joined)
+    answered_by_member = ProjectMember.objects.filter(
+        project=w.projects["A"], user=invitation.responded_by_id
+    ).exists()
+    return (invitation.status, answered_by_member)
 
 
 def _new_project_data(w: World, actor: str) -> dict:
@@ -290,7 +294,13 @@ def _idp_data(i: str) -> Callable[[World, str], dict]:
 
 
 def _running(j: str) -> Callable[[World], None]:
-    return lambda w: FederatedJob.objects.filter(pk=w.jobs[j].pk).update(status=JobStatus.RUNNING)
+    def run(w: World) -> None:
+        FederatedJob.objects.filter(pk=w.jobs[j].pk).update(
+            status=JobStatus.RUNNING, flower_run_id="7"
+        )
+        w.jobs[j].refresh_from_db()
+
+    return run
 
 
 def _failure_reason(j: str) -> Callable[[World], object]:
@@ -620,15 +630,16 @@ ENDPOINTS: list[Endpoint] = [
     ),
     *_project_endpoints("A"),
     *_project_endpoints("B"),
+    # The single-use link is the credential: whoever holds it, signed in, may answer (once).
     _get(
         "/invitations/<A-project-invitation-to-C>/",
         lambda w: f"/invitations/{w.invitation.token}/",
-        {INVITEE},
+        SIGNED_IN,
     ),
     _post(
         "/invitations/<A-project-invitation-to-C>/",
         lambda w: f"/invitations/{w.invitation.token}/",
-        {INVITEE},
+        SIGNED_IN,
         allowed=redirect(_to(_project_url("A")), changes=True),
         data=lambda w, a: {"answer": "accept"},
         effect=_invitation_answer,
@@ -798,9 +809,10 @@ def test_matrix_covers_every_actor_and_post_endpoint():
 # ---------------------------------------------------------------------------------------------
 
 
-def _signed_callback(client: Client, world: World, token: str, **sign_kw):
-    body = json.dumps(FORGED_EVENT).encode()
-    headers = sign(token, body, **sign_kw)
+def _signed_callback(client: Client, world: World, job: str, **sign_kw):
+    body = json.dumps({**FORGED_EVENT, "seq": 1}).encode()
+    key = callbacks.run_key(job_id=world.jobs[job].pk, run_id="7")  # A-job runs as run 7
+    headers = sign(key, body, **sign_kw)
     return client.post(
         f"/jobs/callback/{world.jobs['A-job'].pk}/",
         body,
@@ -812,9 +824,7 @@ def _signed_callback(client: Client, world: World, token: str, **sign_kw):
 def test_callback_validly_signed_needs_no_csrf_token(world):
     _running("A-job")(world)
 
-    response = _signed_callback(
-        Client(enforce_csrf_checks=True), world, world.jobs["A-job"].callback_token
-    )
+    response = _signed_callback(Client(enforce_csrf_checks=True), world, "A-job")
 
     assert response.status_code == 200
     assert _failure_reason("A-job")(world) == FORGED_EVENT["reason"]
@@ -823,7 +833,7 @@ def test_callback_validly_signed_needs_no_csrf_token(world):
 def test_callback_signed_with_another_jobs_token_forbidden(world):
     _running("A-job")(world)
 
-    response = _signed_callback(Client(), world, world.jobs["B-job"].callback_token)
+    response = _signed_callback(Client(), world, "B-job")
 
     assert response.status_code == 403
     assert _failure_reason("A-job")(world) == ""
@@ -832,9 +842,7 @@ def test_callback_signed_with_another_jobs_token_forbidden(world):
 def test_callback_with_stale_signature_forbidden(world):
     _running("A-job")(world)
 
-    response = _signed_callback(
-        Client(), world, world.jobs["A-job"].callback_token, timestamp=int(time.time()) - 3600
-    )
+    response = _signed_callback(Client(), world, "A-job", timestamp=int(time.time()) - 3600)
 
     assert response.status_code == 403
     assert _failure_reason("A-job")(world) == ""

@@ -24,6 +24,7 @@ from portal.models import (
     ProjectRole,
     Role,
 )
+from portal.secretbox import unseal
 from tests.factories import InstitutionFactory, ProjectFactory, ProjectMemberFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -59,7 +60,8 @@ def test_idp_configure_oidc_creates_social_app_with_issuer():
     app = SocialApp.objects.get(provider_id=idp.provider_id)
     assert app.provider == "openid_connect"
     assert app.settings["server_url"] == "http://127.0.0.2:9000"
-    assert (app.client_id, app.secret) == ("portal", "s")
+    assert (app.client_id, app.secret) == ("portal", "")  # the secret is sealed on the IdP
+    assert unseal(idp.client_secret) == "s"
     assert idp.provider_id.startswith("uni-oidc-")
     assert AuditEvent.objects.filter(action="idp.configure", institution=inst).exists()
 
@@ -71,7 +73,7 @@ def test_idp_configure_keeps_secret_when_left_empty():
     )
     services.identity_provider_configure(client_secret="first", **kwargs)
     idp = services.identity_provider_configure(client_secret="", **kwargs)
-    assert idp.social_app.secret == "first"
+    assert unseal(idp.client_secret) == "first"
     assert SocialApp.objects.count() == 1
 
 
@@ -155,7 +157,7 @@ def test_invitation_accept_by_addressee_joins_project():
     project, pi = _project_with_pi()
     guest = UserFactory(email="Guest@Other.example")
     inv = services.project_invite(by=pi, project=project, email="guest@other.EXAMPLE")
-    services.invitation_accept(by=guest, invitation_id=inv.pk)
+    services.invitation_accept(by=guest, token=inv.token)
     inv.refresh_from_db()
     assert inv.status == InvitationStatus.ACCEPTED
     assert ProjectMember.objects.filter(
@@ -170,11 +172,12 @@ def test_invitation_by_non_pi_refused():
         services.project_invite(by=member, project=project, email="x@y.example")
 
 
-def test_invitation_other_user_cannot_accept():
+def test_invitation_without_its_token_cannot_be_accepted():
     project, pi = _project_with_pi()
-    inv = services.project_invite(by=pi, project=project, email="guest@other.example")
-    with pytest.raises(services.InvitationError, match="another e-mail"):
-        services.invitation_accept(by=UserFactory(email="intruder@x.example"), invitation_id=inv.pk)
+    services.project_invite(by=pi, project=project, email="guest@other.example")
+    with pytest.raises(services.InvitationError, match="no such invitation"):
+        services.invitation_accept(by=UserFactory(email="intruder@x.example"), token="guessed")
+    assert not ProjectMember.objects.filter(project=project, user__email="intruder@x.example")
 
 
 def test_invitation_expired_refused():
@@ -183,7 +186,7 @@ def test_invitation_expired_refused():
     inv = services.project_invite(by=pi, project=project, email=guest.email)
     type(inv).objects.filter(pk=inv.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
     with pytest.raises(services.InvitationError, match="expired"):
-        services.invitation_accept(by=guest, invitation_id=inv.pk)
+        services.invitation_accept(by=guest, token=inv.token)
     assert not ProjectMember.objects.filter(project=project, user=guest).exists()
 
 
@@ -191,9 +194,9 @@ def test_invitation_declined_cannot_be_accepted_later():
     project, pi = _project_with_pi()
     guest = UserFactory(email="guest@other.example")
     inv = services.project_invite(by=pi, project=project, email=guest.email)
-    services.invitation_decline(by=guest, invitation_id=inv.pk)
+    services.invitation_decline(by=guest, token=inv.token)
     with pytest.raises(services.InvitationError, match="declined"):
-        services.invitation_accept(by=guest, invitation_id=inv.pk)
+        services.invitation_accept(by=guest, token=inv.token)
 
 
 def test_invitation_duplicate_pending_refused():

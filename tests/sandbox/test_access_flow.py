@@ -183,3 +183,29 @@ def test_revoking_needs_a_reason_and_keeps_the_grant_without_one(world):
 
     req.refresh_from_db()
     assert req.status == AccessStatus.APPROVED
+
+
+@pytest.mark.parametrize("second", ["approve", "refuse"])
+def test_deciding_an_already_decided_request_is_a_message_not_a_500(client, world, second):
+    """Issue 9, finding 7: a second decision (another steward, another tab) raised ValueError."""
+    req = _request(world)
+    tomorrow = (timezone.now() + timedelta(days=2)).date().isoformat()
+    client.force_login(world["steward"])
+    decide = reverse("sandbox:request_decide", args=[req.pk])
+    client.post(decide, {"decision": "approve", "expires_on": tomorrow})
+    decided = AccessRequest.objects.get(pk=req.pk)
+
+    response = client.post(
+        decide,
+        {"decision": second, "expires_on": tomorrow, "reason": "changed my mind"},
+        follow=True,
+    )
+
+    assert response.status_code == 200
+    assert "already decided (approved); nothing was changed" in response.content.decode()
+    again = AccessRequest.objects.get(pk=req.pk)
+    assert (again.status, again.decided_at, again.decision_reason) == (
+        decided.status,
+        decided.decided_at,
+        decided.decision_reason,
+    )

@@ -14,7 +14,7 @@ from django.utils import timezone
 from federation.models import FederatedJob
 from portal.ledger.merkle import leaf_hash
 from portal.ledger.models import LedgerEntry
-from portal.models import Membership, ProjectRole, Role
+from portal.models import AuditEvent, Membership, ProjectRole, Role
 from sandbox import services
 from sandbox.models import AccessRequest, AccessStatus
 from tests.factories import DatasetVersionFactory, ProjectFactory, ProjectMemberFactory, UserFactory
@@ -67,14 +67,36 @@ def test_access_decisions_append_ledger_leaves(world):
     assert [leaf["access_request"] for leaf in leaves] == [req.pk, req.pk, refused.pk]
     assert {leaf["by"] for leaf in leaves} == {steward.pk}
     assert leaves[0]["expires_at"] == until.isoformat()
-    assert leaves[1]["reason"] == "consent withdrawn"
-    assert leaves[2]["reason"] == "no ethics approval"
+    # `printf '%s' "consent withdrawn" | sha256sum` (coreutils)
+    assert leaves[1]["reason_sha256"] == (
+        "878929926f9d93eb8fc569082b233b5331b134f4d586023305207a88bf0cb453"
+    )
+    assert leaves[0]["reason_sha256"] is None  # an approval without a note
+    assert all("reason" not in leaf for leaf in leaves)
     req.refresh_from_db()
     assert leaves[1]["time"] == req.decided_at.isoformat()
     assert all(
         leaf["project"] == world["project"].pk and leaf["kind"] == "access_decision"
         for leaf in leaves
     )
+
+
+def test_refusal_reason_stays_out_of_the_ledger_and_in_the_audit_log(world):
+    """Issue 9, finding 4: a refusal's free text reached a leaf every institution reads."""
+    steward = world["stewards"][0]
+    secret = "under investigation for a data breach (confidential)"
+    req = _ask(world, 0)
+
+    services.access_request_decide(by=steward, request_id=req.pk, approve=False, reason=secret)
+
+    assert not any(secret in e.data for e in LedgerEntry.objects.all())
+    (leaf,) = _leaves("access_decision")
+    # `printf '%s' "under investigation for a data breach (confidential)" | sha256sum`
+    assert leaf["reason_sha256"] == (
+        "c649dca72226fa0d9408b08e29a927baa3a348a9207c5942c82b20574b82b88a"
+    )
+    audit = AuditEvent.objects.get(action="access.refuse", target_id=str(req.pk))
+    assert audit.data["reason"] == secret  # the parties still read it where it belongs
 
 
 def test_refused_decision_attempt_appends_nothing(world):

@@ -303,3 +303,47 @@ def test_saml_unsigned_assertion_is_refused(live_server, saml_idp):
     submit(browser, page, response_form)
     assert signed_in_user(browser, live_server) is None
     assert not SocialAccount.objects.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 9, finding 2: an IdP's e-mail counts as verified only where the IdP is trusted for it
+# ---------------------------------------------------------------------------------------------
+
+
+def _verified(user) -> dict[str, bool]:
+    from allauth.account.models import EmailAddress
+
+    return dict(EmailAddress.objects.filter(user=user).values_list("email", "verified"))
+
+
+def test_sso_email_counts_as_verified_only_in_the_idps_own_domain(
+    live_server, oidc_idp_a, oidc_idp_b
+):
+    """A's alice (own domain, verified by A) claims her invitation; B's mallory, who asserts
+    alice's address, and A's bob (whom A itself does not vouch for) claim none."""
+    from portal.models import ProjectRole
+    from portal.selectors import invitations_for_user
+    from tests.factories import ProjectFactory, ProjectMemberFactory
+
+    idp_a = connect_oidc(live_server, oidc_idp_a, "inst-a")
+    idp_b = connect_oidc(live_server, oidc_idp_b, "inst-b")
+    project = ProjectFactory()
+    pi = ProjectMemberFactory(project=project, role=ProjectRole.PRINCIPAL_INVESTIGATOR).user
+    to_alice = services.project_invite(by=pi, project=project, email="alice@inst-a.example")
+    services.project_invite(by=pi, project=project, email="bob@inst-a.example")
+
+    mallory_browser, _ = oidc_sign_in(live_server, idp_b, oidc_idp_b, "mallory", "mallory-pass-B")
+    mallory = signed_in_user(mallory_browser, live_server)
+    assert mallory is not None and _verified(mallory) == {"alice@inst-a.example": False}
+    assert list(invitations_for_user(user=mallory)) == []
+    mallory.delete()  # the address is free again for alice (e-mails never link accounts)
+
+    bob_browser, _ = oidc_sign_in(live_server, idp_a, oidc_idp_a, "bob", "bob-pass-A")
+    bob = signed_in_user(bob_browser, live_server)
+    assert _verified(bob) == {"bob@inst-a.example": False}  # A says email_verified: false
+    assert list(invitations_for_user(user=bob)) == []
+
+    alice_browser, _ = oidc_sign_in(live_server, idp_a, oidc_idp_a, "alice", "alice-pass-A")
+    alice = signed_in_user(alice_browser, live_server)
+    assert _verified(alice) == {"alice@inst-a.example": True}
+    assert list(invitations_for_user(user=alice)) == [to_alice]

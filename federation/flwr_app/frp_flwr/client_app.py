@@ -17,10 +17,17 @@ protobuf-serialised size of the ArrayRecords in the message (what Flower puts on
 model, without gRPC framing, config and metric records).
 
 Errors are turned into ``SiteDataError`` messages with no file paths before they leave the site.
+Every reply is built from the portal contract's reply types (``frp_flwr.contract``).
+
+Received log (an operator's audit, off by default): when the SuperNode's operator sets
+``--node-config "received-log='<file>'"``, every message this site receives is appended there as a
+JSON line together with the run config and node config it ran under — every byte the SuperNode
+hands its ClientApp, readable by the site.
 """
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -28,8 +35,15 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 from flwr.common.serde import array_record_to_proto
 
+from frp_flwr.contract import (
+    CoalitionReply,
+    EvaluateReply,
+    FeatureStats,
+    RunConfig,
+    SiteInfo,
+    TrainReply,
+)
 from frp_flwr.task import (
-    JobSpec,
     SiteDataError,
     encode_labels,
     feature_sums,
@@ -53,13 +67,40 @@ def payload_bytes(content: RecordDict) -> int:
     )
 
 
+def _plain(value):
+    """A record value as JSON: arrays as nested lists, records as dicts, lists as lists."""
+    if isinstance(value, ArrayRecord):
+        return [a.tolist() for a in value.to_numpy_ndarrays()]
+    if hasattr(value, "items"):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, bytes):
+        return value.hex()
+    return value
+
+
+def log_received(msg: Message, context: Context) -> None:
+    """Append what this ClientApp received to the node config's ``received-log`` (if set)."""
+    path = str(context.node_config.get("received-log", "") or "")
+    if not path:
+        return
+    entry = {
+        "run_id": context.run_id,
+        "message_type": msg.metadata.message_type,
+        "run_config": _plain(context.run_config),
+        "node_config": _plain(context.node_config),
+        "content": _plain(msg.content),
+    }
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(entry) + "\n")
+
+
 def _site_data(context: Context):
-    spec = JobSpec.from_json(str(context.run_config["job-spec"]))
+    cfg = RunConfig.from_flower(context.run_config)
+    spec = cfg.spec
     data = load_site_data(
-        context.node_config,
-        spec,
-        test_fraction=float(context.run_config["test-fraction"]),
-        seed=int(context.run_config["split-seed"]),
+        context.node_config, spec, test_fraction=cfg.test_fraction, seed=cfg.split_seed
     )
     return spec, data
 
@@ -74,6 +115,7 @@ def _guard(handler):
     """Re-raise any failure as a path-free ``SiteDataError`` (Flower forwards the text)."""
 
     def wrapped(msg: Message, context: Context) -> Message:
+        log_received(msg, context)
         try:
             return handler(msg, context)
         except SiteDataError:
@@ -91,17 +133,22 @@ def _guard(handler):
 def query(msg: Message, context: Context) -> Message:
     """Identify this site; when it takes part, return n, mean, M2 and its label set."""
     site = str(context.node_config.get("site", ""))
-    spec = JobSpec.from_json(str(context.run_config["job-spec"]))
-    info = ConfigRecord({"site": site, "member": site in spec.sites})
-    content = RecordDict({"info": info})
-    if site in spec.sites:
-        _, data = _site_data(context)
-        n, mean, m2 = feature_sums(data.X_train)
-        info["features"] = data.features
-        info["labels"] = label_keys(np.concatenate([data.y_train_raw, data.y_test_raw]))
-        content["stats"] = MetricRecord(
-            {"num-examples": n, "mean": mean.tolist(), "m2": m2.tolist()}
-        )
+    spec = RunConfig.from_flower(context.run_config).spec
+    if site not in spec.sites:
+        info = SiteInfo(site=site, member=False)
+        return Message(content=RecordDict({"info": ConfigRecord(info.as_record())}), reply_to=msg)
+    _, data = _site_data(context)
+    n, mean, m2 = feature_sums(data.X_train)
+    info = SiteInfo(
+        site=site,
+        member=True,
+        features=data.features,
+        labels=label_keys(np.concatenate([data.y_train_raw, data.y_test_raw])),
+    )
+    stats = FeatureStats(num_examples=n, mean=mean.tolist(), m2=m2.tolist())
+    content = RecordDict(
+        {"info": ConfigRecord(info.as_record()), "stats": MetricRecord(stats.as_record())}
+    )
     return Message(content=content, reply_to=msg)
 
 
@@ -111,6 +158,7 @@ def train(msg: Message, context: Context) -> Message:
     """Local SGD from the global weights; reply with weights and metered usage."""
     wall0, cpu0 = time.perf_counter(), time.process_time()
     config = msg.content["config"]
+    cfg = RunConfig.from_flower(context.run_config)
     _, data = _site_data(context)
     X = _standardise(data.X_train, config)
     y = encode_labels(data.y_train_raw, list(config["classes"]))
@@ -119,23 +167,21 @@ def train(msg: Message, context: Context) -> Message:
         params,
         X,
         y,
-        epochs=int(context.run_config["local-epochs"]),
-        learning_rate=float(context.run_config["learning-rate"]),
-        batch_size=int(context.run_config["batch-size"]),
+        epochs=cfg.local_epochs,
+        learning_rate=cfg.learning_rate,
+        batch_size=cfg.batch_size,
         seed=int(config["server-round"]),
     )
     arrays = ArrayRecord(new_params)
-    metrics = MetricRecord(
-        {
-            "num-examples": len(y),
-            "train-loss": loss,
-            "bytes-received": payload_bytes(msg.content),
-            "bytes-sent": payload_bytes(RecordDict({"arrays": arrays})),
-            "cpu-seconds": time.process_time() - cpu0,
-            "wall-seconds": time.perf_counter() - wall0,
-        }
+    metrics = TrainReply(
+        num_examples=len(y),
+        train_loss=loss,
+        bytes_received=payload_bytes(msg.content),
+        bytes_sent=payload_bytes(RecordDict({"arrays": arrays})),
+        cpu_seconds=time.process_time() - cpu0,
+        wall_seconds=time.perf_counter() - wall0,
     )
-    content = RecordDict({"arrays": arrays, "metrics": metrics})
+    content = RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics.as_record())})
     return Message(content=content, reply_to=msg)
 
 
@@ -149,18 +195,16 @@ def evaluate(msg: Message, context: Context) -> Message:
     X = _standardise(data.X_test, config)
     y = encode_labels(data.y_test_raw, list(config["classes"]))
     loss, acc = loss_and_accuracy(msg.content["arrays"].to_numpy_ndarrays(), X, y)
-    metrics = MetricRecord(
-        {
-            "num-examples": len(y),
-            "eval-loss": loss,
-            "eval-accuracy": acc,
-            "bytes-received": payload_bytes(msg.content),
-            "bytes-sent": 0,
-            "cpu-seconds": time.process_time() - cpu0,
-            "wall-seconds": time.perf_counter() - wall0,
-        }
+    metrics = EvaluateReply(
+        num_examples=len(y),
+        eval_loss=loss,
+        eval_accuracy=acc,
+        bytes_received=payload_bytes(msg.content),
+        bytes_sent=0,
+        cpu_seconds=time.process_time() - cpu0,
+        wall_seconds=time.perf_counter() - wall0,
     )
-    return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+    return Message(content=RecordDict({"metrics": MetricRecord(metrics.as_record())}), reply_to=msg)
 
 
 @app.evaluate("coalitions")
@@ -181,15 +225,13 @@ def evaluate_coalitions(msg: Message, context: Context) -> Message:
     if len(keys) != len(models):
         raise SiteDataError(f"{len(models)} coalition models for {len(keys)} coalition keys")
     scores = [loss_and_accuracy(params, X, y) for params in models]
-    metrics = MetricRecord(
-        {
-            "num-examples": len(y),
-            "coalition-loss": [loss for loss, _ in scores],
-            "coalition-accuracy": [acc for _, acc in scores],
-            "bytes-received": payload_bytes(msg.content),
-            "bytes-sent": 0,
-            "cpu-seconds": time.process_time() - cpu0,
-            "wall-seconds": time.perf_counter() - wall0,
-        }
+    metrics = CoalitionReply(
+        num_examples=len(y),
+        coalition_loss=[loss for loss, _ in scores],
+        coalition_accuracy=[acc for _, acc in scores],
+        bytes_received=payload_bytes(msg.content),
+        bytes_sent=0,
+        cpu_seconds=time.process_time() - cpu0,
+        wall_seconds=time.perf_counter() - wall0,
     )
-    return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+    return Message(content=RecordDict({"metrics": MetricRecord(metrics.as_record())}), reply_to=msg)

@@ -9,12 +9,16 @@ Flow of one run (one portal job):
    Decentralized Data"), using Flower's ``FedAvg`` aggregation, over the job's nodes only (other jobs'
    sites on the same SuperLink are never sampled). Each round: train, then federated evaluation on
    each site's held-out split. Replies are attributed through ``reply_to_message_id`` → the node the
-   message was sent to (SuperLink errors come from node 1). A site that errs or times out is dropped;
-   fewer than ``min_sites`` replies fail the run.
+   message was sent to (SuperLink errors come from node 1). A site that errs, times out or sends a
+   reply that does not fit the contract (``frp_flwr.contract``: types, ranges, finite numbers, the
+   global model's shapes) is dropped; fewer than ``min_sites`` replies fail the run.
 3. **Reporting** — after every round a signed callback to the portal with the aggregate and per-site
    metrics (including each site's metering: CPU and wall seconds, bytes received and sent); the
    portal may answer with sites to drop (revoked grants). At the end a ``finished`` callback with
-   final metrics and the model. The run's own status stays with the SuperLink.
+   final metrics and the model (a final loss that is not finite fails the run instead). Events are
+   typed (``frp_flwr.contract``) and signed with a key derived from this host's platform callback
+   key (``frp_flwr.signing``, ADR 0014), which no SuperNode ever sees. The run's own status stays
+   with the SuperLink.
 4. **Contribution** (ADR 0010) — the app keeps, in memory, every round's starting global weights and
    each site's returned weights. After ``finished`` it rebuilds coalition models without retraining
    (``task.coalition_run_model``; per round too within a model budget), sends them all to every remaining
@@ -40,9 +44,31 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
+from frp_flwr.contract import (
+    CallbackAnswer,
+    CoalitionReply,
+    ContractError,
+    Contribution,
+    EvaluateReply,
+    Event,
+    Failed,
+    FeatureStats,
+    Finished,
+    JobSpec,
+    Metering,
+    Round,
+    RunConfig,
+    SiteEvaluation,
+    SiteInfo,
+    SiteRound,
+    Started,
+    TrainReply,
+    encode_event,
+    finite_or_none,
+)
+from frp_flwr.signing import SignatureError, job_key, master_key_from_environ, sign
 from frp_flwr.task import (
     MAX_COALITION_MODELS,
-    JobSpec,
     RoundLog,
     coalition_key,
     coalition_models,
@@ -69,36 +95,61 @@ class JobFailed(Exception):
 
 @dataclass
 class Reporter:
-    """Posts signed JSON events to the portal's callback URL; never raises on network failure."""
+    """Posts signed events (``frp_flwr.contract``) to the portal; never raises on network failure.
+
+    ``key`` is the run's job key (``signing.job_key``), derived from the platform callback key in
+    this host's environment: nothing a SuperNode receives can sign. Events are numbered 1, 2, 3 …
+    (``seq``); a retry sends the same number, so the portal records each event once. Transient
+    failures (network, HTTP 5xx, 503 while the portal has not yet recorded the run) are retried
+    with exponential back-off; any other refusal (4xx) is logged and not retried.
+    """
 
     url: str
-    token: str
-    attempts: int = 4
+    key: bytes = b""
+    attempts: int = 6
+    seq: int = 0
 
     def __post_init__(self) -> None:
         if self.url and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"callback-url must be http(s), not {self.url[:20]!r}")
+        if self.url and not self.key:
+            raise ValueError("a callback URL needs a callback key")
 
-    def post(self, event: str, payload: dict) -> dict:
-        """POST ``{"event": event, **payload}``; return the portal's JSON answer (``{}`` if none)."""
+    def post(self, event: Event) -> CallbackAnswer:
+        """POST ``event`` as the next of the run; return the portal's answer (empty if none)."""
         if not self.url:
-            return {}
-        from federation.signing import sign  # the shared signing scheme (no Django)
-
-        body = json.dumps({"event": event, **payload}, separators=(",", ":")).encode()
+            return CallbackAnswer()
+        self.seq += 1
+        body = encode_event(event, seq=self.seq)
         for attempt in range(self.attempts):
-            headers = {"Content-Type": "application/json", **sign(self.token, body)}
+            headers = {"Content-Type": "application/json", **sign(self.key, body)}
             request = urllib.request.Request(  # noqa: S310 — http(s) only, checked in __post_init__
                 self.url, data=body, headers=headers, method="POST"
             )
             try:
                 with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
-                    text = response.read().decode() or "{}"
-                    return json.loads(text)
-            except (urllib.error.URLError, TimeoutError, ValueError) as exc:
-                log.warning("callback %s failed (attempt %d): %s", event, attempt + 1, exc)
-                time.sleep(0.5 * 2**attempt)
-        return {}
+                    return _answer(response.read())
+            except urllib.error.HTTPError as exc:
+                if exc.code < 500:
+                    log.warning(
+                        "callback %s refused (%d): %s", event.name, exc.code, exc.read()[:500]
+                    )
+                    return CallbackAnswer(ok=False, error=f"HTTP {exc.code}")
+                log.warning(
+                    "callback %s failed (attempt %d): HTTP %d", event.name, attempt + 1, exc.code
+                )
+            except (urllib.error.URLError, TimeoutError, OSError) as exc:
+                log.warning("callback %s failed (attempt %d): %s", event.name, attempt + 1, exc)
+            time.sleep(0.5 * 2**attempt)
+        return CallbackAnswer(ok=False, error="the portal did not answer")
+
+
+def _answer(raw: bytes) -> CallbackAnswer:
+    try:
+        return CallbackAnswer.from_json(json.loads(raw or b"{}"))
+    except (ValueError, RecursionError) as exc:
+        log.warning("the portal's answer does not fit the contract: %s", exc)
+        return CallbackAnswer()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,15 +231,17 @@ def exchange(grid: Grid, messages: list[Message], *, timeout: float, poll: float
 
 def discover(
     grid: Grid, spec: JobSpec, *, timeout: float, poll: float
-) -> tuple[dict[str, int], dict[str, Message], dict[str, str]]:
-    """Map the job's site ids to node ids. Returns ``(site→node, site→query reply, site→error)``.
+) -> tuple[dict[str, int], dict[str, tuple[SiteInfo, FeatureStats]], dict[str, str]]:
+    """Map the job's site ids to node ids.
 
-    Raises ``JobFailed`` when two nodes claim one site.
+    Returns ``(site→node, site→(info, stats) of its discovery reply, site→error)``. A member's
+    reply that does not fit the contract is that site's error. Raises ``JobFailed`` when two
+    nodes claim one site.
     """
     deadline = time.monotonic() + timeout
     asked: set[int] = set()
     site_node: dict[str, int] = {}
-    site_reply: dict[str, Message] = {}
+    site_reply: dict[str, tuple[SiteInfo, FeatureStats]] = {}
     site_error: dict[str, str] = {}
     while time.monotonic() < deadline and len(site_node) < len(spec.sites):
         new = [n for n in grid.get_node_ids() if n not in asked]
@@ -206,13 +259,24 @@ def discover(
         ]
         result = exchange(grid, msgs, timeout=max(1.0, deadline - time.monotonic()), poll=poll)
         for node, reply in result.replies.items():
-            site = str(reply.content["info"]["site"])
-            if site not in spec.sites:
+            try:
+                info = SiteInfo.from_record(reply.content["info"])
+            except (ContractError, KeyError) as exc:
+                log.warning("node %s: discovery reply does not fit the contract: %s", node, exc)
                 continue
-            if site in site_node and site_node[site] != node:
-                raise JobFailed(f"two nodes claim site {site!r}; refusing to run")
-            site_node[site] = node
-            site_reply[site] = reply
+            if info.site not in spec.sites:
+                continue
+            if info.site in site_node and site_node[info.site] != node:
+                raise JobFailed(f"two nodes claim site {info.site!r}; refusing to run")
+            site_node[info.site] = node
+            try:
+                stats = FeatureStats.from_record(reply.content["stats"])
+                if len(stats.mean) != len(info.features):
+                    raise ContractError("stats: one mean per feature expected")
+            except (ContractError, KeyError) as exc:
+                site_error[info.site] = sanitise(f"malformed discovery reply: {exc}")
+                continue
+            site_reply[info.site] = (info, stats)
         for node, error in result.errors.items():
             # A member site that could not open its data names itself in the error text.
             for site in spec.sites:
@@ -238,8 +302,13 @@ def fan_out(
     timeout: float,
     poll: float,
     sites_out: dict[str, dict],
-) -> Exchange:
-    """Send ``arrays`` + ``config`` to every active node; mark errors and silences in ``sites_out``."""
+    reply_type: type[TrainReply] | type[EvaluateReply],
+) -> dict[int, tuple[Message, TrainReply | EvaluateReply]]:
+    """Send ``arrays`` + ``config`` to every active node; return node → (reply, parsed metrics).
+
+    Errors, silences and replies that do not fit ``reply_type`` mark the site's entry in
+    ``sites_out`` with ``ok=False`` and the reason.
+    """
     msgs = [
         Message(
             RecordDict({"arrays": arrays, "config": config}),
@@ -253,12 +322,26 @@ def fan_out(
         sites_out[node_site[node]].update(ok=False, error=error)
     for node in result.timed_out:
         sites_out[node_site[node]].update(ok=False, error=f"no reply within {timeout:.0f} s")
-    return result
+    parsed = {}
+    for node, reply in result.replies.items():
+        try:
+            if message_type == MessageType.TRAIN:
+                _check_shapes(reply.content["arrays"], arrays)
+            parsed[node] = (reply, reply_type.from_record(reply.content["metrics"], "metrics"))
+        except (ContractError, KeyError) as exc:
+            sites_out[node_site[node]].update(
+                ok=False, error=sanitise(f"malformed {message_type} reply: {exc}")
+            )
+    return parsed
 
 
-def _site_metrics(reply: Message) -> dict:
-    m = reply.content["metrics"]
-    return {k: float(v) for k, v in m.items() if not isinstance(v, list)}
+def _check_shapes(returned: ArrayRecord, sent: ArrayRecord) -> None:
+    """A train reply's weights must have the global model's shapes and be finite."""
+    got, want = returned.to_numpy_ndarrays(), sent.to_numpy_ndarrays()
+    if [a.shape for a in got] != [a.shape for a in want]:
+        raise ContractError("arrays: not the shapes of the global model")
+    if not all(np.isfinite(a).all() for a in got):
+        raise ContractError("arrays: not finite numbers")
 
 
 def _arrays(record: ArrayRecord) -> list[np.ndarray]:
@@ -276,16 +359,15 @@ def evaluate_contribution(
     timeout: float,
     poll: float,
     seed: int = 0,
-) -> dict:
-    """Score coalition models at every active site with one message each; return the event payload.
+) -> Contribution:
+    """Score coalition models at every active site with one message each; return the event.
 
     ``players``: site ids, index = player number in ``rounds``. Models: the whole run for each
     coalition of :func:`task.contribution_plan` (round key ``"0"``) and, while the message stays
     within ``MAX_COALITION_MODELS`` models, the same coalitions for every round ``t`` (key
-    ``str(t)``, model ``w_{t−1} + Δ_S^t``). Utility = Σ_s n_s·acc_s(S) / Σ_s n_s over the sites that replied
-    (``n_s`` held-out examples). Returns ``{"players", "method", "permutations", "seed",
-    "utilities": {round key: {coalition key: utility}}, "examples", "models", "sites" (metering),
-    "wall_seconds", "errors"}``. Raises ``JobFailed`` when no site replies.
+    ``str(t)``, model ``w_{t−1} + Δ_S^t``). Utility = Σ_s n_s·acc_s(S) / Σ_s n_s over the sites
+    that replied (``n_s`` held-out examples). A site whose reply does not fit the contract is left
+    out (named in ``errors``). Raises ``JobFailed`` when no site replies.
     """
     t0 = time.monotonic()
     method, coalitions, permutations = contribution_plan(len(players), seed=seed)
@@ -317,28 +399,32 @@ def evaluate_contribution(
     ]
     result = exchange(grid, msgs, timeout=timeout, poll=poll)
     node_site = {n: s for s, n in active.items()}
-    if not result.replies:
-        errors = {node_site[n]: e for n, e in result.errors.items()}
-        raise JobFailed(f"no site scored the coalition models: {errors or 'timed out'}")
+    errors = {node_site[n]: e for n, e in result.errors.items()}
+    errors.update({node_site[n]: f"no reply within {timeout:.0f} s" for n in result.timed_out})
     total = np.zeros(len(keys))
     examples: dict[str, int] = {}
-    sites: dict[str, dict] = {}
+    sites: dict[str, Metering] = {}
     for node, reply in result.replies.items():
         site = node_site[node]
-        m = reply.content["metrics"]
-        n = int(m["num-examples"])
-        acc = np.asarray(m["coalition-accuracy"], dtype=np.float64)
-        if acc.shape != total.shape:
-            raise JobFailed(f"site {site!r} scored {acc.size} of {len(keys)} coalition models")
-        total += n * acc
-        examples[site] = n
-        sites[site] = {
-            "examples": n,  # held-out rows, scored once per model in one pass
-            "cpu_seconds": float(m["cpu-seconds"]),
-            "wall_seconds": float(m["wall-seconds"]),
-            "bytes_received": int(m["bytes-received"]),
-            "bytes_sent": int(m["bytes-sent"]),
-        }
+        try:
+            m = CoalitionReply.from_record(reply.content["metrics"], "metrics")
+        except (ContractError, KeyError) as exc:
+            errors[site] = sanitise(f"malformed coalition reply: {exc}")
+            continue
+        if len(m.coalition_accuracy) != len(keys):
+            errors[site] = f"scored {len(m.coalition_accuracy)} of {len(keys)} coalition models"
+            continue
+        total += m.num_examples * np.asarray(m.coalition_accuracy, dtype=np.float64)
+        examples[site] = m.num_examples
+        sites[site] = Metering(
+            examples=m.num_examples,  # held-out rows, scored once per model in one pass
+            cpu_seconds=m.cpu_seconds,
+            wall_seconds=m.wall_seconds,
+            bytes_received=m.bytes_received,
+            bytes_sent=m.bytes_sent,
+        )
+    if not examples:
+        raise JobFailed(f"no site scored the coalition models: {errors or 'timed out'}")
     weight = sum(examples.values())
     if weight == 0:
         raise JobFailed("no held-out examples at any site to score coalition models")
@@ -346,43 +432,48 @@ def evaluate_contribution(
     for key, value in zip(keys, total / weight, strict=True):
         rnd, members = key.split("|")
         utilities.setdefault(rnd, {})[members] = float(value)
-    errors = {node_site[n]: e for n, e in result.errors.items()}
-    errors.update({node_site[n]: f"no reply within {timeout:.0f} s" for n in result.timed_out})
-    return {
-        "players": players,
-        "method": method,
-        "permutations": permutations,
-        "seed": seed,
-        "utility": "example-weighted held-out accuracy",
-        "utilities": utilities,
-        "examples": examples,
-        "models": len(keys),
-        "sites": sites,
-        "errors": errors,
-        "wall_seconds": time.monotonic() - t0,
-    }
+    return Contribution(
+        players=players,
+        method=method,
+        permutations=permutations,
+        seed=seed,
+        utility="example-weighted held-out accuracy",
+        utilities=utilities,
+        examples=examples,
+        models=len(keys),
+        sites=sites,
+        errors=errors,
+        wall_seconds=time.monotonic() - t0,
+    )
 
 
-def run_job(grid: Grid, context: Context, reporter: Reporter) -> None:
+def _site_round(entry: dict) -> SiteRound:
+    return SiteRound(
+        **{
+            k: (finite_or_none(v) if k in ("train_loss", "eval_loss", "eval_accuracy") else v)
+            for k, v in entry.items()
+        }
+    )
+
+
+def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
     """Discovery, FedAvg rounds and reporting for one job (see the module docstring)."""
-    cfg = context.run_config
-    spec = JobSpec.from_json(str(cfg["job-spec"]))
-    poll = float(cfg["poll-interval"])
-    round_timeout = float(cfg["round-timeout"])
-    num_rounds = int(cfg["num-rounds"])
+    spec = cfg.spec
+    poll = cfg.poll_interval
+    round_timeout = cfg.round_timeout
+    num_rounds = cfg.num_rounds
 
     site_node, site_reply, site_error = discover(
-        grid, spec, timeout=float(cfg["discovery-timeout"]), poll=poll
+        grid, spec, timeout=cfg.discovery_timeout, poll=poll
     )
     missing = sorted(set(spec.sites) - set(site_node))
     active = {s: n for s, n in site_node.items() if s not in site_error}
     reporter.post(
-        "started",
-        {
-            "nodes": {s: str(n) for s, n in site_node.items()},
-            "missing": missing,
-            "errors": site_error,
-        },
+        Started(
+            nodes={s: str(n) for s, n in site_node.items()},
+            missing=missing,
+            errors=site_error,
+        )
     )
     if len(active) < spec.min_sites:
         problems = [f"{s}: not connected" for s in missing] + [
@@ -394,11 +485,13 @@ def run_job(grid: Grid, context: Context, reporter: Reporter) -> None:
         )
 
     # Federated standardisation and the global class list.
-    stats = [site_reply[s].content["stats"] for s in active]
     mean, std = combine_sums(
-        [(int(m["num-examples"]), np.asarray(m["mean"]), np.asarray(m["m2"])) for m in stats]
+        [
+            (stats.num_examples, np.asarray(stats.mean), np.asarray(stats.m2))
+            for _, stats in (site_reply[s] for s in active)
+        ]
     )
-    classes = sort_classes({c for s in active for c in site_reply[s].content["info"]["labels"]})
+    classes = sort_classes({c for s in active for c in site_reply[s][0].labels})
     if len(classes) < 2:
         raise JobFailed(f"the target has {len(classes)} class(es) across all sites; need 2 or more")
     arrays = ArrayRecord(init_params(len(mean), len(classes)))
@@ -412,8 +505,8 @@ def run_job(grid: Grid, context: Context, reporter: Reporter) -> None:
     initial = _arrays(arrays)
     history: list[RoundLog] = []
 
-    last_eval: dict[str, dict] = {}
-    aggregate_eval: dict[str, float] = {}
+    last_eval: dict[str, SiteEvaluation] = {}
+    aggregate_eval: dict = {}
     for rnd in range(1, num_rounds + 1):
         t0 = time.monotonic()
         config["server-round"] = rnd
@@ -428,74 +521,76 @@ def run_job(grid: Grid, context: Context, reporter: Reporter) -> None:
             poll=poll,
             sites_out=sites_out,
         )
-        train = fan_out(MessageType.TRAIN, arrays, **fan)
-        for node, reply in train.replies.items():
-            m = _site_metrics(reply)
+        train = fan_out(MessageType.TRAIN, arrays, reply_type=TrainReply, **fan)
+        for node, (_, m) in train.items():
             sites_out[node_site[node]].update(
                 ok=True,
-                train_examples=int(m["num-examples"]),
-                train_loss=m["train-loss"],
-                cpu_seconds=m["cpu-seconds"],
-                wall_seconds=m["wall-seconds"],
-                bytes_received=int(m["bytes-received"]),
-                bytes_sent=int(m["bytes-sent"]),
+                train_examples=m.num_examples,
+                train_loss=m.train_loss,
+                cpu_seconds=m.cpu_seconds,
+                wall_seconds=m.wall_seconds,
+                bytes_received=m.bytes_received,
+                bytes_sent=m.bytes_sent,
             )
-        if len(train.replies) < spec.min_sites:
-            reporter.post("round", {"round": rnd, "sites": sites_out, "partial": True})
+        if len(train) < spec.min_sites:
+            reporter.post(
+                Round(
+                    round=rnd,
+                    sites={s: _site_round(e) for s, e in sites_out.items()},
+                    partial=True,
+                )
+            )
             raise JobFailed(
-                f"round {rnd}: {len(train.replies)} of {len(active)} sites replied "
-                f"(need {spec.min_sites})"
+                f"round {rnd}: {len(train)} of {len(active)} sites replied (need {spec.min_sites})"
             )
         history.append(
             RoundLog(
                 start=_arrays(arrays),
                 updates={
                     player_of[node_site[n]]: _arrays(r.content["arrays"])
-                    for n, r in train.replies.items()
+                    for n, (r, _) in train.items()
                 },
-                examples={
-                    player_of[node_site[n]]: int(sites_out[node_site[n]]["train_examples"])
-                    for n in train.replies
-                },
+                examples={player_of[node_site[n]]: m.num_examples for n, (_, m) in train.items()},
             )
         )
-        new_arrays, train_agg = strategy.aggregate_train(rnd, list(train.replies.values()))
+        new_arrays, train_agg = strategy.aggregate_train(rnd, [r for r, _ in train.values()])
         arrays = new_arrays
 
-        evaluation = fan_out(MessageType.EVALUATE, arrays, **fan)
-        for node, reply in evaluation.replies.items():
-            m = _site_metrics(reply)
-            entry = sites_out[node_site[node]]
+        evaluation = fan_out(MessageType.EVALUATE, arrays, reply_type=EvaluateReply, **fan)
+        for node, (_, m) in evaluation.items():
+            site = node_site[node]
+            entry = sites_out[site]
             entry.update(
-                eval_examples=int(m["num-examples"]),
-                eval_loss=m["eval-loss"],
-                eval_accuracy=m["eval-accuracy"],
-                cpu_seconds=entry.get("cpu_seconds", 0.0) + m["cpu-seconds"],
-                wall_seconds=entry.get("wall_seconds", 0.0) + m["wall-seconds"],
-                bytes_received=entry.get("bytes_received", 0) + int(m["bytes-received"]),
-                bytes_sent=entry.get("bytes_sent", 0) + int(m["bytes-sent"]),
+                eval_examples=m.num_examples,
+                eval_loss=m.eval_loss,
+                eval_accuracy=m.eval_accuracy,
+                cpu_seconds=entry.get("cpu_seconds", 0.0) + m.cpu_seconds,
+                wall_seconds=entry.get("wall_seconds", 0.0) + m.wall_seconds,
+                bytes_received=entry.get("bytes_received", 0) + m.bytes_received,
+                bytes_sent=entry.get("bytes_sent", 0) + m.bytes_sent,
             )
-            last_eval[node_site[node]] = entry
-        eval_agg = strategy.aggregate_evaluate(rnd, list(evaluation.replies.values())) or {}
+            last_eval[site] = SiteEvaluation(
+                eval_examples=m.num_examples, eval_loss=m.eval_loss, eval_accuracy=m.eval_accuracy
+            )
+        eval_agg = strategy.aggregate_evaluate(rnd, [r for r, _ in evaluation.values()]) or {}
         aggregate_eval = {
-            "eval_loss": float(eval_agg.get("eval-loss", float("nan"))),
-            "eval_accuracy": float(eval_agg.get("eval-accuracy", float("nan"))),
+            "eval_loss": finite_or_none(eval_agg.get("eval-loss")),
+            "eval_accuracy": finite_or_none(eval_agg.get("eval-accuracy")),
             "eval_examples": sum(int(e.get("eval_examples", 0)) for e in sites_out.values()),
         }
         answer = reporter.post(
-            "round",
-            {
-                "round": rnd,
-                "train_loss": float((train_agg or {}).get("train-loss", float("nan"))),
-                "train_examples": sum(int(e.get("train_examples", 0)) for e in sites_out.values()),
+            Round(
+                round=rnd,
+                train_loss=finite_or_none((train_agg or {}).get("train-loss")),
+                train_examples=sum(int(e.get("train_examples", 0)) for e in sites_out.values()),
+                wall_seconds=time.monotonic() - t0,
+                sites={s: _site_round(e) for s, e in sites_out.items()},
                 **aggregate_eval,
-                "wall_seconds": time.monotonic() - t0,
-                "sites": sites_out,
-            },
+            )
         )
         # Drop sites that failed this round, and any the portal asks to drop (revoked grants).
         failed = {s for s, e in sites_out.items() if e.get("ok") is False}
-        revoked = set(answer.get("drop_sites", [])) & set(active)
+        revoked = set(answer.drop_sites) & set(active)
         for site in failed | revoked:
             active.pop(site, None)
         if rnd < num_rounds and len(active) < spec.min_sites:
@@ -507,20 +602,21 @@ def run_job(grid: Grid, context: Context, reporter: Reporter) -> None:
                 f"of {spec.min_sites} ({'; '.join(why)})"
             )
 
+    if aggregate_eval.get("eval_loss") is None:
+        raise JobFailed("the final model's federated loss is not a finite number (it diverged)")
     reporter.post(
-        "finished",
-        {
-            "rounds": num_rounds,
+        Finished(
+            rounds=num_rounds,
+            sites=last_eval,
+            classes=classes,
+            model=[a.tolist() for a in arrays.to_numpy_ndarrays()],
             **aggregate_eval,
-            "sites": last_eval,
-            "classes": classes,
-            "model": [a.tolist() for a in arrays.to_numpy_ndarrays()],
-        },
+        )
     )
-    if not bool(cfg.get("contribution", True)):
+    if not cfg.contribution:
         return
     try:
-        payload = evaluate_contribution(
+        event = evaluate_contribution(
             grid=grid,
             players=players,
             initial=initial,
@@ -532,19 +628,30 @@ def run_job(grid: Grid, context: Context, reporter: Reporter) -> None:
         )
     except Exception as exc:  # contribution is an add-on: the trained model stands regardless
         log.warning("contribution evaluation failed: %s", exc)
-        payload = {"players": players, "error": sanitise(f"{exc}", limit=1000)}
-    reporter.post("contribution", payload)
+        event = Contribution(players=players, error=sanitise(f"{exc}", limit=1000))
+    reporter.post(event)
+
+
+def reporter_for(cfg: RunConfig, *, run_id: int, environ=None) -> Reporter:
+    """The run's reporter: its job key from this host's platform callback key (never the run
+    config). Raises ``JobFailed`` when the callback URL is set but this host has no key."""
+    if not cfg.callback_url:
+        return Reporter("")
+    try:
+        master = master_key_from_environ(environ)
+    except SignatureError as exc:
+        raise JobFailed(str(exc)) from None
+    return Reporter(cfg.callback_url, job_key(master, job_id=cfg.job_id, run_id=run_id))
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Entry point of the ServerApp; a failure is reported to the portal, then re-raised."""
-    reporter = Reporter(
-        str(context.run_config["callback-url"]), str(context.run_config["callback-token"])
-    )
-    REPLY_LOG.path = str(context.run_config.get("reply-log", ""))
+    cfg = RunConfig.from_flower(context.run_config)
+    reporter = reporter_for(cfg, run_id=context.run_id)
+    REPLY_LOG.path = cfg.reply_log
     try:
-        run_job(grid, context, reporter)
+        run_job(grid, cfg, reporter)
     except Exception as exc:
-        reporter.post("failed", {"reason": sanitise(f"{exc}", limit=1000)})
+        reporter.post(Failed(reason=sanitise(f"{exc}", limit=1000)))
         raise

@@ -12,58 +12,14 @@ every Flower message starts a new ClientApp process.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-# ---------------------------------------------------------------------------------------------
-# Job specification (sent by the portal in the run config as JSON)
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SitePointer:
-    """Where a site finds the dataset version a job trains on (within the site's own store)."""
-
-    store_key: str
-    dataset: str
-    version: int
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """The parts of a job the Flower App needs; parsed from the ``job-spec`` run-config string.
-
-    ``sites`` maps site id → SitePointer; ``features`` empty means "every numeric column except the
-    target"; ``min_sites`` is the fewest replying sites a round may aggregate.
-    """
-
-    sites: dict[str, SitePointer]
-    target: str
-    features: list[str]
-    min_sites: int
-
-    @classmethod
-    def from_json(cls, text: str) -> JobSpec:
-        """Parse the JSON the portal wrote. Raises ``ValueError`` when a field is missing."""
-        raw = json.loads(text)
-        try:
-            sites = {
-                site: SitePointer(str(p["store_key"]), str(p["dataset"]), int(p["version"]))
-                for site, p in raw["sites"].items()
-            }
-            return cls(
-                sites=sites,
-                target=str(raw["target"]),
-                features=[str(f) for f in raw.get("features", [])],
-                min_sites=int(raw.get("min_sites", len(sites))),
-            )
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"job-spec is missing a field: {exc}") from exc
-
+# The job specification is part of the portal contract; re-exported for the app's modules.
+from frp_flwr.contract import JobSpec, SitePointer  # noqa: F401
 
 # ---------------------------------------------------------------------------------------------
 # Site-side data

@@ -3,7 +3,7 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from federation import runtime
+from federation import callbacks, runtime
 from federation.selectors import local_sites
 
 
@@ -24,8 +24,8 @@ class Command(BaseCommand):
         if not sites:
             raise CommandError("no local sites: run `manage.py demo_seed` first")
         try:
-            state = runtime.start(root, sites)
-        except runtime.RuntimeError_ as exc:
+            state = runtime.start(root, sites, superlink_env=callbacks.serverapp_environment())
+        except (runtime.RuntimeError_, callbacks.CallbackKeyError) as exc:
             raise CommandError(str(exc)) from exc
         runtime.write_control_config(
             settings.FRP_FLWR_HOME, settings.FRP_FEDERATION_NAME, state.superlink_address

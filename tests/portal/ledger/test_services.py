@@ -102,6 +102,9 @@ def test_ledger_append_many_writes_more_than_one_insert_batch():
         ("usage", {"amount": float("inf")}, "serialisable"),
         ("usage", {"amount": object()}, "serialisable"),
         ("usage", ["not", "a", "dict"], "dict"),
+        ("access_decision", {"reason": "under investigation (confidential)"}, "free text"),
+        ("usage", {"notes": ["fine", "two words"]}, "free text"),
+        ("usage", {"Free Key": 1}, "not an identifier"),
     ],
 )
 def test_ledger_append_rejects_bad_records_and_writes_nothing(kind, record, message):
@@ -405,3 +408,41 @@ def test_concurrent_appends_from_several_connections_stay_dense():
     assert list(LedgerEntry.objects.order_by("index").values_list("index", flat=True)) == list(
         range(200)
     )
+
+
+@pytest.mark.slow
+def test_sqlite_ledger_refuses_update_and_delete(tmp_path):
+    """Issue 9, finding 10: the embedded default (SQLite) gets the append-only trigger too.
+
+    A real ``migrate`` on a fresh SQLite file, then raw SQL through Python's ``sqlite3``.
+    """
+    import os
+    import sqlite3
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    db = tmp_path / "portal.sqlite3"
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{db}",
+        "DJANGO_SETTINGS_MODULE": "portal.settings",
+        "FRP_VAR_DIR": str(tmp_path / "var"),
+    }
+    manage = Path(__file__).parents[3] / "manage.py"
+    subprocess.run(
+        [sys.executable, str(manage), "migrate", "--noinput", "-v0"], env=env, check=True
+    )
+    con = sqlite3.connect(db)
+    con.execute(
+        'INSERT INTO portal_ledgerentry ("index", kind, data, leaf_hash, created_at) '
+        "VALUES (0, 'usage', '{}', x'00', '2026-01-01')"
+    )
+    con.commit()
+    for sql in (
+        "UPDATE portal_ledgerentry SET data = '{\"job\":2}'",
+        "DELETE FROM portal_ledgerentry",
+    ):
+        with pytest.raises(sqlite3.IntegrityError, match="ledger is append-only"):
+            con.execute(sql)
+    assert con.execute("SELECT COUNT(*) FROM portal_ledgerentry").fetchone() == (1,)

@@ -46,6 +46,13 @@ def _verify() -> str:
     return out.getvalue()
 
 
+def _verify_all() -> str:
+    """stdout and stderr of a passing ``ledger_verify``."""
+    out, err = StringIO(), StringIO()
+    call_command("ledger_verify", stdout=out, stderr=err)
+    return out.getvalue() + err.getvalue()
+
+
 def _failure() -> str:
     with pytest.raises(CommandError) as caught:
         _verify()
@@ -69,6 +76,23 @@ def test_ledger_verify_passes_a_clean_ledger_with_cosignatures():
     )
 
     assert "ledger OK: 12 leaves, 2 checkpoints, 1 cosignatures verified" in _verify()
+    # … and says how far the witness vouches: up to checkpoint 10, not the 2 leaves after it.
+    assert "Witnesses cosigned checkpoints up to 10 leaves" in _verify_all()
+    assert "The 2 leaves after it rest on the platform's signature alone" in _verify_all()
+
+
+def test_ledger_verify_says_a_shortened_ledger_is_undetectable_without_a_witness():
+    """Issue 9, finding 10: the newest checkpoint and the leaves after it deleted still pass; the
+    report must say plainly that it cannot see this without a witness."""
+    _ledger(10, checkpoints=(4, 10))
+    raw_sql("DELETE FROM portal_ledgercheckpoint WHERE size = 10")
+    raw_sql('DELETE FROM portal_ledgerentry WHERE "index" >= 4')
+
+    text = _verify_all()
+
+    assert "ledger OK: 4 leaves, 1 checkpoints" in text  # nothing in the database disagrees
+    assert "No checkpoint is cosigned by a witness" in text
+    assert "cannot detect a ledger shortened from its end" in text
 
 
 def test_ledger_verify_passes_an_empty_ledger():

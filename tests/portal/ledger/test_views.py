@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -274,7 +275,13 @@ def test_institution_admin_registers_a_key_and_cosigns_through_the_page(client):
         cosigners={"witness.example": key.public_key()},
     )
     assert signed.signed_by == (key_name, "witness.example")
-    assert admin.institution.name in client.get(BASE + "/").content.decode()
+    after = client.get(BASE + "/").content.decode()
+    assert admin.institution.name in after
+    # Issue 9, finding 10: the page says how many checkpoints a witness vouches for.
+    assert re.search(r'id="cosigned-checkpoints">0 <span[^>]*>of 1</span>', page)
+    assert "No checkpoint is cosigned by a witness yet" in page
+    assert re.search(r'id="cosigned-checkpoints">1 <span[^>]*>of 1</span>', after)
+    assert "Witnesses cosigned checkpoints up to 3 leaves" in after
 
 
 def test_cosign_form_shows_the_error_inline_and_stores_nothing(client):

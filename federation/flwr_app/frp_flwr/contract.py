@@ -1,0 +1,911 @@
+"""The typed contract between the portal and this Flower App (imports no Django and no flwr).
+
+Three kinds of message cross the boundary, and each is parsed here — types, ranges, finiteness,
+sizes — before anyone acts on it:
+
+1. **Run config** (:class:`RunConfig`, portal → every SuperNode and the ServerApp): the keys of
+   ``[tool.flwr.app.config]`` in this app's ``pyproject.toml`` (a test ties the two). Flower sends it
+   to every SuperNode and stores it in the SuperLink's database, so it carries no secret: the
+   ServerApp's callback key comes from its own host's environment (``frp_flwr.signing``).
+2. **Callback events** (ServerApp → portal, JSON): ``{"event": <name>, "seq": <n>, …fields}`` with one
+   dataclass per event (:class:`Started`, :class:`Round`, :class:`Finished`, :class:`Contribution`,
+   :class:`Failed`) and the portal's answer :class:`CallbackAnswer`. ``seq`` numbers a run's events
+   1, 2, 3 …; the portal accepts each number once and only above the last one it accepted.
+3. **Site replies** (ClientApp → ServerApp metric records): :class:`SiteInfo`, :class:`FeatureStats`,
+   :class:`TrainReply`, :class:`EvaluateReply`, :class:`CoalitionReply`. A site could send anything,
+   so the ServerApp parses each reply and treats one that does not fit as that site's error.
+
+Every parser raises :class:`ContractError` naming the field (``sites.hospital-a.eval_accuracy: …``);
+nothing non-finite gets through (no NaN or infinity reaches a database).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, ClassVar
+
+# ---------------------------------------------------------------------------------------------
+# Limits
+# ---------------------------------------------------------------------------------------------
+
+#: Largest callback body the portal reads (bytes).
+MAX_EVENT_BYTES = 2 * 1024 * 1024  # below Django's DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MB)
+#: Most sites a job may have (entries in any per-site map).
+MAX_SITES = 256
+#: Most rounds a job may run (the portal's ``FederatedJob.num_rounds`` range is 1..100).
+MAX_ROUNDS = 100
+#: Longest free text (an error or a reason), characters; longer text is an error, not cut.
+MAX_TEXT = 4000
+#: Most numbers in a final model (all layers).
+MAX_MODEL_VALUES = 100_000
+#: Most coalition utilities in a contribution event (all rounds).
+MAX_UTILITIES = 20_000
+#: Largest count (examples, bytes): a signed 64-bit integer.
+MAX_COUNT = 2**63 - 1
+#: Largest duration, seconds (about 31 years).
+MAX_SECONDS = 1e9
+#: Largest event sequence number (exact in a JSON double).
+MAX_SEQ = 2**53
+
+_SITE_RE = re.compile(r"^[-a-zA-Z0-9_]{1,50}$")  # a Django SlugField of max_length 50
+_NODE_RE = re.compile(r"^[0-9]{1,20}$")  # Flower node ids are uint64
+_NODE_OR_EMPTY_RE = re.compile(r"^[0-9]{0,20}$")
+_COALITION_RE = re.compile(r"^(?:[0-9]{1,4}(?:,[0-9]{1,4})*)?$")
+
+
+class ContractError(ValueError):
+    """A run config, event, answer or site reply does not fit the contract; says which field."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Field readers (each names the field in its error)
+# ---------------------------------------------------------------------------------------------
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def read_int(value: Any, where: str, *, lo: int = 0, hi: int = MAX_COUNT) -> int:
+    """An integer (not a bool) in ``lo..hi``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ContractError(f"{where}: expected an integer, got {_kind(value)}")
+    if not lo <= value <= hi:
+        raise ContractError(f"{where}: {value} is outside {lo}..{hi}")
+    return value
+
+
+def read_float(value: Any, where: str, *, lo: float = -math.inf, hi: float = math.inf) -> float:
+    """A finite number (int or float, not a bool) in ``lo..hi``, as float."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ContractError(f"{where}: expected a number, got {_kind(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ContractError(f"{where}: the number is too large") from None
+    if not math.isfinite(number):
+        raise ContractError(f"{where}: {number} is not a finite number")
+    if not lo <= number <= hi:
+        raise ContractError(f"{where}: {number} is outside {lo}..{hi}")
+    return number
+
+
+def read_opt_float(value: Any, where: str, **bounds) -> float | None:
+    """``None`` or :func:`read_float`."""
+    return None if value is None else read_float(value, where, **bounds)
+
+
+def read_bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ContractError(f"{where}: expected true or false, got {_kind(value)}")
+    return value
+
+
+def read_str(value: Any, where: str, *, max_len: int = MAX_TEXT, pattern=None) -> str:
+    """A string of at most ``max_len`` characters (matching ``pattern`` when given)."""
+    if not isinstance(value, str):
+        raise ContractError(f"{where}: expected a string, got {_kind(value)}")
+    if len(value) > max_len:
+        raise ContractError(f"{where}: longer than {max_len} characters")
+    if pattern is not None and not pattern.match(value):
+        raise ContractError(f"{where}: {value[:60]!r} is not a valid value")
+    return value
+
+
+def read_site(value: Any, where: str) -> str:
+    """A site id (the slug a SuperNode reports)."""
+    return read_str(value, where, max_len=50, pattern=_SITE_RE)
+
+
+def read_map(value: Any, where: str, *, max_items: int = MAX_SITES) -> dict:
+    """A JSON object of at most ``max_items`` entries."""
+    if not isinstance(value, dict):
+        raise ContractError(f"{where}: expected an object, got {_kind(value)}")
+    if len(value) > max_items:
+        raise ContractError(f"{where}: more than {max_items} entries")
+    return value
+
+
+def read_list(value: Any, where: str, *, max_items: int) -> list:
+    """A JSON array of at most ``max_items`` items."""
+    if not isinstance(value, list | tuple):
+        raise ContractError(f"{where}: expected a list, got {_kind(value)}")
+    if len(value) > max_items:
+        raise ContractError(f"{where}: more than {max_items} items")
+    return list(value)
+
+
+def read_site_map(value: Any, where: str, item) -> dict:
+    """``{site id: item(value, where)}``."""
+    return {
+        read_site(k, f"{where} key"): item(v, f"{where}.{k}")
+        for k, v in read_map(value, where).items()
+    }
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    """For senders: a value that may be NaN (a mean over nothing) as ``None``."""
+    if value is None:
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+finite_or_none = _finite_or_none
+
+
+def _read_fields(cls, raw: Mapping, where: str, readers: Mapping[str, Any], *, skip=()) -> dict:
+    """Read ``raw`` into keyword arguments of ``cls``: every key known, defaults for absent ones."""
+    raw = read_map(raw, where or "body", max_items=64)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(raw) - known - set(skip))
+    if unknown:
+        raise ContractError(f"{where or 'body'}: unknown field(s) {', '.join(map(repr, unknown))}")
+    out = {}
+    for name, reader in readers.items():
+        if name in raw:
+            out[name] = reader(raw[name], f"{where}.{name}" if where else name)
+    required = [
+        f.name
+        for f in fields(cls)
+        if f.name not in out and f.default is MISSING and f.default_factory is MISSING
+    ]
+    if required:
+        raise ContractError(f"{where or 'body'}: missing field(s) {', '.join(required)}")
+    return out
+
+
+def _json_value(value):
+    if isinstance(value, Mapping):
+        return {k: _json_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_value(v) for v in value]
+    if hasattr(value, "to_json"):
+        return value.to_json()
+    return value
+
+
+class _Record:
+    """Mixin: ``to_json`` of a dataclass whose fields are JSON values or other records."""
+
+    def to_json(self) -> dict:
+        return {f.name: _json_value(getattr(self, f.name)) for f in fields(self)}
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Run config
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SitePointer(_Record):
+    """Where a site finds the dataset version a job trains on (within the site's own store)."""
+
+    store_key: str
+    dataset: str
+    version: int
+
+    @classmethod
+    def from_json(cls, raw: Any, where: str = "") -> SitePointer:
+        return cls(
+            **_read_fields(
+                cls,
+                raw,
+                where,
+                {
+                    "store_key": lambda v, w: read_str(v, w, max_len=500),
+                    "dataset": read_site,
+                    "version": lambda v, w: read_int(v, w, lo=1, hi=2**31 - 1),
+                },
+            )
+        )
+
+
+@dataclass(frozen=True)
+class JobSpec(_Record):
+    """The parts of a job the Flower App needs; the ``job-spec`` run-config value, as JSON text.
+
+    ``sites`` maps site id → SitePointer; ``features`` empty means "every numeric column except the
+    target"; ``min_sites`` is the fewest replying sites a round may aggregate.
+    """
+
+    sites: dict[str, SitePointer]
+    target: str
+    features: list[str] = field(default_factory=list)
+    min_sites: int = 2
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        """Parse the JSON the portal wrote. Raises ``ContractError`` (a ``ValueError``)."""
+        try:
+            raw = json.loads(text, parse_constant=_no_constant)
+        except (ValueError, RecursionError) as exc:
+            raise ContractError(f"job-spec is not JSON: {exc}") from None
+        spec = cls(
+            **_read_fields(
+                cls,
+                raw,
+                "job-spec",
+                {
+                    "sites": lambda v, w: read_site_map(v, w, SitePointer.from_json),
+                    "target": lambda v, w: read_str(v, w, max_len=200),
+                    "features": lambda v, w: [
+                        read_str(f, f"{w}[{i}]", max_len=200)
+                        for i, f in enumerate(read_list(v, w, max_items=10_000))
+                    ],
+                    "min_sites": lambda v, w: read_int(v, w, lo=1, hi=MAX_SITES),
+                },
+            )
+        )
+        if not spec.sites:
+            raise ContractError("job-spec.sites: no site")
+        return spec
+
+    def to_text(self) -> str:
+        return json.dumps(self.to_json(), separators=(",", ":"), allow_nan=False)
+
+
+def _config_key(name: str) -> str:
+    return name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One job's Flower run config: every key of ``[tool.flwr.app.config]``, with its default.
+
+    Units: ``*-timeout`` and ``poll-interval`` in seconds; ``test-fraction`` is the share of each
+    site's rows held out for evaluation (0 < f < 1). ``reply-log``: a file on the SuperLink's host
+    where the ServerApp appends every reply it receives (empty: off).
+    """
+
+    job_id: int = 0
+    job_spec: str = "{}"
+    callback_url: str = ""
+    num_rounds: int = 3
+    local_epochs: int = 5
+    learning_rate: float = 0.1
+    batch_size: int = 32
+    test_fraction: float = 0.2
+    split_seed: int = 42
+    round_timeout: float = 120.0
+    discovery_timeout: float = 60.0
+    poll_interval: float = 0.2
+    contribution: bool = True
+    reply_log: str = ""
+
+    _READERS: ClassVar[dict] = {
+        "job_id": lambda v, w: read_int(v, w, lo=0, hi=MAX_COUNT),
+        "job_spec": lambda v, w: read_str(v, w, max_len=1_000_000),
+        "callback_url": lambda v, w: read_str(v, w, max_len=2000),
+        "num_rounds": lambda v, w: read_int(v, w, lo=1, hi=MAX_ROUNDS),
+        "local_epochs": lambda v, w: read_int(v, w, lo=1, hi=1000),
+        "learning_rate": lambda v, w: read_float(v, w, lo=1e-12, hi=1e6),
+        "batch_size": lambda v, w: read_int(v, w, lo=1, hi=1_000_000),
+        "test_fraction": lambda v, w: read_float(v, w, lo=1e-6, hi=1 - 1e-6),
+        "split_seed": lambda v, w: read_int(v, w, lo=0, hi=2**32 - 1),
+        "round_timeout": lambda v, w: read_float(v, w, lo=0.1, hi=MAX_SECONDS),
+        "discovery_timeout": lambda v, w: read_float(v, w, lo=0.1, hi=MAX_SECONDS),
+        "poll_interval": lambda v, w: read_float(v, w, lo=0.001, hi=60.0),
+        "contribution": read_bool,
+        "reply_log": lambda v, w: read_str(v, w, max_len=4096),
+    }
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        """The run-config keys, as Flower spells them (``job-id``, ``num-rounds`` …)."""
+        return [_config_key(f.name) for f in fields(cls)]
+
+    @classmethod
+    def from_flower(cls, config: Mapping[str, Any]) -> RunConfig:
+        """Parse Flower's ``context.run_config`` (defaults already merged in by Flower).
+
+        Keys outside the contract are refused (a typo would otherwise silently use a default).
+        Raises ``ContractError``.
+        """
+        names = {_config_key(f.name): f.name for f in fields(cls)}
+        unknown = sorted(set(config) - set(names))
+        if unknown:
+            raise ContractError(f"run config: unknown key(s) {', '.join(unknown)}")
+        values = {}
+        for key, value in config.items():
+            name = names[key]
+            if isinstance(value, int) and not isinstance(value, bool) and name in _FLOAT_FIELDS:
+                value = float(value)  # TOML writes 1 for 1.0 when a user types it so
+            values[name] = cls._READERS[name](value, key)
+        config_obj = cls(**values)
+        if config_obj.callback_url and not config_obj.callback_url.startswith(
+            ("http://", "https://")
+        ):
+            raise ContractError("callback-url: must be an http(s) URL")
+        return config_obj
+
+    def to_flower(self) -> dict[str, str | int | float | bool]:
+        """Every key → value, for ``flwr run -c`` (validated first: raises ``ContractError``)."""
+        out = {_config_key(f.name): getattr(self, f.name) for f in fields(self)}
+        type(self).from_flower(out)
+        return out
+
+    @property
+    def spec(self) -> JobSpec:
+        """The parsed ``job-spec``. Raises ``ContractError``."""
+        return JobSpec.from_json(self.job_spec)
+
+
+_FLOAT_FIELDS = {f.name for f in fields(RunConfig) if f.type == "float"}
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Callback events (ServerApp → portal) and the portal's answer
+# ---------------------------------------------------------------------------------------------
+
+_SECONDS = {"lo": 0.0, "hi": MAX_SECONDS}
+_LOSS = {"lo": 0.0, "hi": 1e12}
+_ACCURACY = {"lo": 0.0, "hi": 1.0}
+
+
+def _count(v, w):
+    return read_int(v, w)
+
+
+def _seconds(v, w):
+    return read_float(v, w, **_SECONDS)
+
+
+def _opt_seconds(v, w):
+    return read_opt_float(v, w, **_SECONDS)
+
+
+def _opt_loss(v, w):
+    return read_opt_float(v, w, **_LOSS)
+
+
+def _opt_accuracy(v, w):
+    return read_opt_float(v, w, **_ACCURACY)
+
+
+def _text(v, w):
+    return read_str(v, w, max_len=MAX_TEXT)
+
+
+def _site_list(v, w):
+    return [read_site(s, f"{w}[{i}]") for i, s in enumerate(read_list(v, w, max_items=MAX_SITES))]
+
+
+class Event(_Record):
+    """Base of the callback events; ``name`` is the ``event`` field of the JSON body."""
+
+    name: ClassVar[str] = ""
+    _READERS: ClassVar[dict] = {}
+
+    @classmethod
+    def from_json(cls, raw: Mapping, where: str = ""):
+        return cls(**_read_fields(cls, raw, where, cls._READERS, skip=("event", "seq")))
+
+
+@dataclass(frozen=True)
+class Started(Event):
+    """Discovery is over: the job's sites → node ids, sites not connected, sites that erred."""
+
+    nodes: dict[str, str] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    name: ClassVar[str] = "started"
+    _READERS: ClassVar[dict] = {
+        "nodes": lambda v, w: read_site_map(
+            v, w, lambda n, ww: read_str(n, ww, max_len=20, pattern=_NODE_RE)
+        ),
+        "missing": _site_list,
+        "errors": lambda v, w: read_site_map(v, w, _text),
+    }
+
+
+@dataclass(frozen=True)
+class SiteRound(_Record):
+    """One site's part of a round: its replies' metrics and metering, or its error.
+
+    Metering is the site's ClientApp's own: CPU and wall seconds, and the protobuf size (bytes) of
+    the model ArrayRecords it received and sent.
+    """
+
+    node_id: str = ""
+    ok: bool = False
+    error: str = ""
+    train_examples: int = 0
+    eval_examples: int = 0
+    train_loss: float | None = None
+    eval_loss: float | None = None
+    eval_accuracy: float | None = None
+    cpu_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    bytes_received: int = 0
+    bytes_sent: int = 0
+
+    @classmethod
+    def from_json(cls, raw: Mapping, where: str = "") -> SiteRound:
+        return cls(
+            **_read_fields(
+                cls,
+                raw,
+                where,
+                {
+                    "node_id": lambda v, w: read_str(v, w, max_len=20, pattern=_NODE_OR_EMPTY_RE),
+                    "ok": read_bool,
+                    "error": _text,
+                    "train_examples": _count,
+                    "eval_examples": _count,
+                    "train_loss": _opt_loss,
+                    "eval_loss": _opt_loss,
+                    "eval_accuracy": _opt_accuracy,
+                    "cpu_seconds": _seconds,
+                    "wall_seconds": _seconds,
+                    "bytes_received": _count,
+                    "bytes_sent": _count,
+                },
+            )
+        )
+
+
+@dataclass(frozen=True)
+class Round(Event):
+    """One FedAvg round: the aggregate (example-weighted over replying sites) and every site.
+
+    ``partial``: the round ended early (too few replies); only the sites' parts are recorded.
+    """
+
+    round: int
+    sites: dict[str, SiteRound] = field(default_factory=dict)
+    partial: bool = False
+    train_loss: float | None = None
+    eval_loss: float | None = None
+    eval_accuracy: float | None = None
+    train_examples: int = 0
+    eval_examples: int = 0
+    wall_seconds: float | None = None
+
+    name: ClassVar[str] = "round"
+    _READERS: ClassVar[dict] = {
+        "round": lambda v, w: read_int(v, w, lo=1, hi=MAX_ROUNDS),
+        "sites": lambda v, w: read_site_map(v, w, SiteRound.from_json),
+        "partial": read_bool,
+        "train_loss": _opt_loss,
+        "eval_loss": _opt_loss,
+        "eval_accuracy": _opt_accuracy,
+        "train_examples": _count,
+        "eval_examples": _count,
+        "wall_seconds": _opt_seconds,
+    }
+
+
+@dataclass(frozen=True)
+class SiteEvaluation(_Record):
+    """A site's evaluation of the final model on its held-out split."""
+
+    eval_examples: int = 0
+    eval_loss: float | None = None
+    eval_accuracy: float | None = None
+
+    @classmethod
+    def from_json(cls, raw: Mapping, where: str = "") -> SiteEvaluation:
+        return cls(
+            **_read_fields(
+                cls,
+                raw,
+                where,
+                {
+                    "eval_examples": _count,
+                    "eval_loss": _opt_loss,
+                    "eval_accuracy": _opt_accuracy,
+                },
+            )
+        )
+
+
+def read_model(value: Any, where: str) -> list:
+    """A model: a list of layers, each a (nested, at most 3 levels) list of finite numbers."""
+    layers = read_list(value, where, max_items=100)
+    total = 0
+
+    def walk(node, w, depth):
+        nonlocal total
+        if isinstance(node, list):
+            if depth >= 3:
+                raise ContractError(f"{w}: nested deeper than 3 levels")
+            return [walk(x, f"{w}[{i}]", depth + 1) for i, x in enumerate(node)]
+        total += 1
+        if total > MAX_MODEL_VALUES:
+            raise ContractError(f"{where}: more than {MAX_MODEL_VALUES} numbers")
+        return read_float(node, w)
+
+    return [walk(layer, f"{where}[{i}]", 0) for i, layer in enumerate(layers)]
+
+
+@dataclass(frozen=True)
+class Finished(Event):
+    """Training is over: the final model, its federated evaluation and each site's evaluation."""
+
+    rounds: int
+    eval_accuracy: float | None = None
+    eval_loss: float | None = None
+    eval_examples: int = 0
+    classes: list[str] = field(default_factory=list)
+    model: list = field(default_factory=list)
+    sites: dict[str, SiteEvaluation] = field(default_factory=dict)
+
+    name: ClassVar[str] = "finished"
+    _READERS: ClassVar[dict] = {
+        "rounds": lambda v, w: read_int(v, w, lo=0, hi=MAX_ROUNDS),
+        "eval_accuracy": _opt_accuracy,
+        "eval_loss": _opt_loss,
+        "eval_examples": _count,
+        "classes": lambda v, w: [
+            read_str(c, f"{w}[{i}]", max_len=200)
+            for i, c in enumerate(read_list(v, w, max_items=10_000))
+        ],
+        "model": read_model,
+        "sites": lambda v, w: read_site_map(v, w, SiteEvaluation.from_json),
+    }
+
+
+@dataclass(frozen=True)
+class Metering(_Record):
+    """A site's metered work on one message: held-out examples scored, CPU/wall s, bytes in/out."""
+
+    examples: int = 0
+    cpu_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    bytes_received: int = 0
+    bytes_sent: int = 0
+
+    @classmethod
+    def from_json(cls, raw: Mapping, where: str = "") -> Metering:
+        return cls(
+            **_read_fields(
+                cls,
+                raw,
+                where,
+                {
+                    "examples": _count,
+                    "cpu_seconds": _seconds,
+                    "wall_seconds": _seconds,
+                    "bytes_received": _count,
+                    "bytes_sent": _count,
+                },
+            )
+        )
+
+
+def _utilities(value: Any, where: str) -> dict[str, dict[str, float]]:
+    tables = read_map(value, where, max_items=MAX_ROUNDS + 1)
+    out: dict[str, dict[str, float]] = {}
+    total = 0
+    for rnd, table in tables.items():
+        w = f"{where}.{rnd}"
+        if not isinstance(rnd, str) or not rnd.isdigit() or int(rnd) > MAX_ROUNDS:
+            raise ContractError(f"{where}: round key {str(rnd)[:20]!r} is not 0..{MAX_ROUNDS}")
+        table = read_map(table, w, max_items=MAX_UTILITIES)
+        total += len(table)
+        if total > MAX_UTILITIES:
+            raise ContractError(f"{where}: more than {MAX_UTILITIES} utilities")
+        clean = {}
+        for key, number in table.items():
+            read_str(key, f"{w} key", max_len=5 * 1024, pattern=_COALITION_RE)
+            clean[key] = read_float(number, f"{w}.{key or '∅'}", lo=-1e6, hi=1e6)
+        out[str(int(rnd))] = clean
+    return out
+
+
+@dataclass(frozen=True)
+class Contribution(Event):
+    """Coalition utilities for the portal's Shapley values (ADR 0010), or why there are none.
+
+    ``players``: site ids, index = player number; ``utilities``: round key (``"0"`` is the whole
+    run) → coalition key (ascending player indexes joined by commas, ``""`` the empty one) → utility.
+    """
+
+    players: list[str] = field(default_factory=list)
+    error: str = ""
+    method: str = ""
+    permutations: int = 0
+    seed: int = 0
+    utility: str = ""
+    utilities: dict[str, dict[str, float]] = field(default_factory=dict)
+    examples: dict[str, int] = field(default_factory=dict)
+    models: int = 0
+    sites: dict[str, Metering] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    wall_seconds: float | None = None
+
+    name: ClassVar[str] = "contribution"
+    _READERS: ClassVar[dict] = {
+        "players": _site_list,
+        "error": _text,
+        "method": lambda v, w: read_str(v, w, max_len=16, pattern=re.compile(r"^(exact|gtg|)$")),
+        "permutations": lambda v, w: read_int(v, w, hi=1_000_000),
+        "seed": lambda v, w: read_int(v, w, hi=2**63 - 1),
+        "utility": lambda v, w: read_str(v, w, max_len=200),
+        "utilities": _utilities,
+        "examples": lambda v, w: read_site_map(v, w, _count),
+        "models": _count,
+        "sites": lambda v, w: read_site_map(v, w, Metering.from_json),
+        "errors": lambda v, w: read_site_map(v, w, _text),
+        "wall_seconds": _opt_seconds,
+    }
+
+    def __post_init__(self) -> None:
+        if len(set(self.players)) != len(self.players):
+            raise ContractError("players: a site is named twice")
+        n = len(self.players)
+        for rnd, table in self.utilities.items():
+            for key in table:
+                if key and any(int(i) >= n for i in key.split(",")):
+                    raise ContractError(f"utilities.{rnd}: coalition {key!r} names no player")
+
+
+@dataclass(frozen=True)
+class Failed(Event):
+    """The ServerApp gave up; ``reason`` is shown to the researcher (already path-free)."""
+
+    reason: str = "the ServerApp failed"
+
+    name: ClassVar[str] = "failed"
+    _READERS: ClassVar[dict] = {"reason": _text}
+
+
+#: Event name → class.
+EVENTS: dict[str, type[Event]] = {
+    c.name: c for c in (Started, Round, Finished, Contribution, Failed)
+}
+
+
+def _no_constant(name: str):
+    raise ContractError(f"{name} is not a number JSON allows")
+
+
+def encode_event(event: Event, *, seq: int) -> bytes:
+    """The JSON body of ``event`` as the ``seq``-th event of its run (UTF-8 bytes).
+
+    Raises ``ContractError`` when the event does not parse back (a non-finite number, a value out
+    of range): a sender finds its own mistakes before the portal does.
+    """
+    read_int(seq, "seq", lo=1, hi=MAX_SEQ)
+    fields_json = event.to_json()
+    type(event).from_json(fields_json)  # the receiver's checks, on the sender's side
+    return json.dumps(
+        {"event": event.name, "seq": seq, **fields_json}, separators=(",", ":"), allow_nan=False
+    ).encode()
+
+
+def parse_event(body: bytes) -> tuple[int, Event]:
+    """Parse a callback body into ``(seq, event)``. Raises ``ContractError`` with the reason.
+
+    Checks, before any field is used: size (``MAX_EVENT_BYTES``), UTF-8 JSON without NaN or
+    infinity literals, nesting the JSON decoder can follow, a JSON object with a known ``event``
+    and a ``seq`` in 1..2⁵³, and every field of that event (types, ranges, sizes).
+    """
+    if len(body) > MAX_EVENT_BYTES:
+        raise ContractError(f"body larger than {MAX_EVENT_BYTES} bytes")
+    try:
+        raw = json.loads(body, parse_constant=_no_constant)
+    except RecursionError:
+        raise ContractError("body is nested too deeply") from None
+    except ContractError:
+        raise
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise ContractError(f"body is not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ContractError(f"body must be a JSON object, not {_kind(raw)}")
+    name = raw.get("event")
+    cls = EVENTS.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise ContractError(f"event: unknown event {str(name)[:40]!r}")
+    seq = read_int(raw.get("seq"), "seq", lo=1, hi=MAX_SEQ)
+    return seq, cls.from_json(raw)
+
+
+@dataclass(frozen=True)
+class CallbackAnswer(_Record):
+    """The portal's answer to an event: ``drop_sites`` are sites to leave out from the next round
+    (a revoked grant); ``error`` says why an event was refused."""
+
+    ok: bool = True
+    drop_sites: list[str] = field(default_factory=list)
+    error: str = ""
+
+    @classmethod
+    def from_json(cls, raw: Any, where: str = "answer") -> CallbackAnswer:
+        """Parse the portal's JSON answer. Raises ``ContractError``."""
+        return cls(
+            **_read_fields(
+                cls,
+                raw,
+                where,
+                {"ok": read_bool, "drop_sites": _site_list, "error": _text},
+            )
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Site replies (ClientApp → ServerApp metric and config records, as plain mappings)
+# ---------------------------------------------------------------------------------------------
+
+
+def _record(raw: Any, where: str) -> dict:
+    if not isinstance(raw, Mapping):
+        raise ContractError(f"{where}: expected a record, got {_kind(raw)}")
+    return dict(raw.items())
+
+
+def _floats(value: Any, where: str, *, length: int | None = None, **bounds) -> list[float]:
+    items = read_list(value, where, max_items=MAX_UTILITIES)
+    if length is not None and len(items) != length:
+        raise ContractError(f"{where}: {len(items)} values, expected {length}")
+    return [read_float(x, f"{where}[{i}]", **bounds) for i, x in enumerate(items)]
+
+
+class _Reply:
+    """Mixin of the metric replies: kebab-case record keys ↔ snake_case fields."""
+
+    _READERS: ClassVar[dict] = {}
+
+    @classmethod
+    def from_record(cls, raw: Any, where: str = "reply"):
+        record = _record(raw, where)
+        values = {}
+        for f in fields(cls):
+            key = _config_key(f.name)
+            if key not in record:
+                raise ContractError(f"{where}: missing {key}")
+            value = record[key]
+            values[f.name] = cls._READERS[f.name](value, f"{where}.{key}")
+        return cls(**values)
+
+    def as_record(self) -> dict:
+        return {_config_key(f.name): getattr(self, f.name) for f in fields(self)}
+
+
+_METERING_READERS = {
+    "bytes_received": _count,
+    "bytes_sent": _count,
+    "cpu_seconds": _seconds,
+    "wall_seconds": _seconds,
+}
+
+
+@dataclass(frozen=True)
+class SiteInfo(_Reply):
+    """The ``info`` record of a discovery (query) reply: who the node is; for a member site also
+    its feature names and its labels (as strings)."""
+
+    site: str
+    member: bool
+    features: list[str] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_record(cls, raw: Any, where: str = "info") -> SiteInfo:
+        record = _record(raw, where)
+        out = SiteInfo(
+            site=read_site(record.get("site"), f"{where}.site"),
+            member=read_bool(record.get("member"), f"{where}.member"),
+            features=[
+                read_str(x, f"{where}.features[{i}]", max_len=200)
+                for i, x in enumerate(
+                    read_list(record.get("features", []), f"{where}.features", max_items=10_000)
+                )
+            ],
+            labels=[
+                read_str(x, f"{where}.labels[{i}]", max_len=200)
+                for i, x in enumerate(
+                    read_list(record.get("labels", []), f"{where}.labels", max_items=10_000)
+                )
+            ],
+        )
+        return out
+
+    def as_record(self) -> dict:
+        """As a ConfigRecord's items; empty lists left out (Flower cannot type an empty list)."""
+        return {k: v for k, v in super().as_record().items() if v != []}
+
+
+@dataclass(frozen=True)
+class FeatureStats(_Reply):
+    """The ``stats`` record of a member's discovery reply: training rows ``n``, per-feature mean
+    and M2 (sum of squared deviations), for federated standardisation."""
+
+    num_examples: int
+    mean: list[float]
+    m2: list[float]
+
+    @classmethod
+    def from_record(cls, raw: Any, where: str = "stats") -> FeatureStats:
+        record = _record(raw, where)
+        mean = _floats(record.get("mean"), f"{where}.mean")
+        return FeatureStats(
+            num_examples=read_int(record.get("num-examples"), f"{where}.num-examples"),
+            mean=mean,
+            m2=_floats(record.get("m2"), f"{where}.m2", length=len(mean), lo=0.0),
+        )
+
+
+@dataclass(frozen=True)
+class TrainReply(_Reply):
+    """The ``metrics`` record of a train reply (the weights travel beside it as ``arrays``)."""
+
+    num_examples: int
+    train_loss: float
+    bytes_received: int
+    bytes_sent: int
+    cpu_seconds: float
+    wall_seconds: float
+
+    _READERS: ClassVar[dict] = {
+        "num_examples": _count,
+        "train_loss": lambda v, w: read_float(v, w, **_LOSS),
+        **_METERING_READERS,
+    }
+
+
+@dataclass(frozen=True)
+class EvaluateReply(_Reply):
+    """The ``metrics`` record of an evaluate reply: the global model on the held-out split."""
+
+    num_examples: int
+    eval_loss: float
+    eval_accuracy: float
+    bytes_received: int
+    bytes_sent: int
+    cpu_seconds: float
+    wall_seconds: float
+
+    _READERS: ClassVar[dict] = {
+        "num_examples": _count,
+        "eval_loss": lambda v, w: read_float(v, w, **_LOSS),
+        "eval_accuracy": lambda v, w: read_float(v, w, **_ACCURACY),
+        **_METERING_READERS,
+    }
+
+
+@dataclass(frozen=True)
+class CoalitionReply(_Reply):
+    """The ``metrics`` record of an ``evaluate.coalitions`` reply: per coalition model (in the
+    order of the message's ``coalition-keys``) its held-out loss and accuracy."""
+
+    num_examples: int
+    coalition_loss: list[float]
+    coalition_accuracy: list[float]
+    bytes_received: int
+    bytes_sent: int
+    cpu_seconds: float
+    wall_seconds: float
+
+    _READERS: ClassVar[dict] = {
+        "num_examples": _count,
+        "coalition_loss": lambda v, w: _floats(v, w, **_LOSS),
+        "coalition_accuracy": lambda v, w: _floats(v, w, **_ACCURACY),
+        **_METERING_READERS,
+    }

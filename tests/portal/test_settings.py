@@ -1,0 +1,134 @@
+"""The settings module under the deployments' environments (each in a fresh interpreter)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+
+
+def _settings(tmp_path, **env) -> subprocess.CompletedProcess:
+    """Import ``portal.settings`` with ``env`` (and nothing else of ours) and print its CACHES."""
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("FRP_", "DATABASE_", "CACHE_", "CELERY_"))
+    }
+    code = "import json, portal.settings as s; print(json.dumps(s.CACHES['default']))"
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env={**clean, "FRP_VAR_DIR": str(tmp_path / "var"), "PYTHONPATH": str(ROOT), **env},
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+def test_embedded_default_uses_the_local_memory_cache(tmp_path):
+    out = _settings(tmp_path)
+
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["BACKEND"].endswith("LocMemCache")
+
+
+def test_postgresql_with_redis_shares_one_redis_cache(tmp_path):
+    """Issue 9, finding 9: rate limits counted per worker process without a shared cache."""
+    out = _settings(
+        tmp_path,
+        DATABASE_URL="postgres://frp@db:5432/frp",
+        CELERY_BROKER_URL="redis://:pw@redis:6379/0",
+    )
+
+    assert out.returncode == 0, out.stderr
+    config = json.loads(out.stdout)
+    assert config["BACKEND"] == "django.core.cache.backends.redis.RedisCache"
+    assert config["LOCATION"] == "redis://:pw@redis:6379/0"
+
+
+def test_compose_cache_url_is_used(tmp_path):
+    out = _settings(
+        tmp_path,
+        DATABASE_URL="postgres://frp@db:5432/frp",
+        CELERY_BROKER_URL="redis://:pw@redis:6379/0",
+        CACHE_URL="redis://:pw@redis:6379/1",
+    )
+
+    assert json.loads(out.stdout)["LOCATION"] == "redis://:pw@redis:6379/1"
+
+
+@pytest.mark.parametrize("cache_url", [None, "locmemcache://"])
+def test_postgresql_refuses_a_per_process_cache(tmp_path, cache_url):
+    env = {"DATABASE_URL": "postgres://frp@db:5432/frp", "CELERY_BROKER_URL": "filesystem://"}
+    if cache_url:
+        env["CACHE_URL"] = cache_url
+
+    out = _settings(tmp_path, **env)
+
+    assert out.returncode != 0 and "set CACHE_URL" in out.stderr
+
+
+@pytest.mark.django_db
+def test_failed_sign_ins_are_counted_in_redis(client):
+    """The test settings (PostgreSQL) count allauth's sign-in failures in the shared Redis."""
+    import redis
+    from django.conf import settings
+
+    client.post("/accounts/login/", {"login": "nobody", "password": "wrong-password-1"})
+
+    server = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
+    prefix = settings.CACHES["default"]["KEY_PREFIX"]
+    keys = [k.decode() for k in server.scan_iter(f"{prefix}:*")]
+    assert any("rl" in k or "login" in k for k in keys), keys
+    server.delete(*keys)  # not cache.clear(): that would flush the Redis database
+
+
+def test_check_deploy_reports_only_what_the_shipped_proxy_covers(tmp_path):
+    """Issue 9, done-when: ``check --deploy`` with the compose environment reports nothing the
+    compose nginx does not do itself (HSTS header, HTTP → HTTPS redirect); the README says so."""
+    import re
+    import secrets
+
+    import yaml
+    from cryptography.fernet import Fernet
+
+    env = {
+        "DEBUG": "False",
+        "SECRET_KEY": secrets.token_urlsafe(50),
+        "ALLOWED_HOSTS": "portal.example.org,web,localhost",
+        "CSRF_TRUSTED_ORIGINS": "https://portal.example.org",
+        "FRP_BEHIND_TLS_PROXY": "True",
+        "DATABASE_URL": "postgres://frp:pw@127.0.0.1:5432/frp",
+        "CELERY_BROKER_URL": "redis://:pw@127.0.0.1:6379/0",
+        "FRP_LEDGER_SIGNER_KEY": "set",
+        "FRP_CALLBACK_KEY": secrets.token_hex(32),
+        "FRP_FIELD_KEYS": Fernet.generate_key().decode(),
+        "EMAIL_URL": "smtp://mailpit:1025",
+    }
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("FRP_", "DATABASE_", "CACHE_", "CELERY_", "EMAIL_", "DJANGO_"))
+    }
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "check", "--deploy"],
+        env={**clean, **env, "FRP_VAR_DIR": str(tmp_path / "var")},
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+
+    reported = set(re.findall(r"\((security\.[WE]\d+)\)", out.stdout + out.stderr))
+    assert reported == {"security.W004", "security.W008"}, out.stdout + out.stderr
+    nginx = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["configs"]["nginx"]["content"]
+    assert 'add_header Strict-Transport-Security "max-age=31536000" always;' in nginx  # W004
+    assert "listen 80;" in nginx and "return 301 https://" in nginx  # W008
+    readme = (ROOT / "README.md").read_text()
+    assert "security.W004" in readme and "security.W008" in readme
