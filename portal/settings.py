@@ -314,6 +314,9 @@ if not DEBUG and not FRP_CALLBACK_KEY and "FRP_CALLBACK_KEY_FILE" not in os.envi
     )
 # A round with no reply within this many seconds drops the silent sites (FedAvg's default: 3600 s).
 FRP_ROUND_TIMEOUT = env.float("FRP_ROUND_TIMEOUT", default=120.0)
+# Cores a site's ClientApp is allocated (the usage record's reserved cores): a site's reported CPU
+# seconds above cores × the time the ServerApp measured are refused as impossible (ADR 0017).
+FRP_CLIENTAPP_CORES = env.int("FRP_CLIENTAPP_CORES", default=1)
 # Optional: a folder where each job's ServerApp appends every reply it receives (an audit of exactly
 # what left the sites). Empty: off.
 FRP_REPLY_LOG_DIR = env.str("FRP_REPLY_LOG_DIR", default="")

@@ -137,7 +137,12 @@ def query(msg: Message, context: Context) -> Message:
     if site not in spec.sites:
         info = SiteInfo(site=site, member=False)
         return Message(content=RecordDict({"info": ConfigRecord(info.as_record())}), reply_to=msg)
-    _, data = _site_data(context)
+    try:
+        _, data = _site_data(context)
+    except SiteDataError as exc:
+        # Said in the reply, attributed to this node by the ServerApp (never by matching text).
+        info = SiteInfo(site=site, member=True, error=sanitise(str(exc)))
+        return Message(content=RecordDict({"info": ConfigRecord(info.as_record())}), reply_to=msg)
     n, mean, m2 = feature_sums(data.X_train)
     info = SiteInfo(
         site=site,

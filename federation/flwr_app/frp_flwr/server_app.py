@@ -3,8 +3,12 @@
 Flow of one run (one portal job):
 
 1. **Discovery** — a ``query`` message to every connected node; each replies with its site id (from the
-   operator's ``--node-config``). The job's sites are mapped to node ids; two nodes claiming one site
-   fail the run. Participating sites also return federated standardisation statistics and labels.
+   operator's ``--node-config``). The job's sites are mapped to node ids from those structured
+   replies only (never from an error's text); a site two nodes claim is left out with a reason
+   naming both. Participating sites also return federated standardisation statistics and labels.
+   The portal's answer to ``started`` gives each site's limits (rows registered at ingest,
+   allocated cores): every reply's example count and CPU/wall seconds are checked against them
+   and the time measured here (ADR 0017); a site out of bounds is faulty and dropped.
 2. **Rounds** — FedAvg (McMahan et al. 2017, "Communication-Efficient Learning of Deep Networks from
    Decentralized Data"), using Flower's ``FedAvg`` aggregation, over the job's nodes only (other jobs'
    sites on the same SuperLink are never sampled). Each round: train, then federated evaluation on
@@ -23,7 +27,7 @@ Flow of one run (one portal job):
    each site's returned weights. After ``finished`` it rebuilds coalition models without retraining
    (``task.coalition_run_model``; per round too within a model budget), sends them all to every remaining
    site in ONE ``evaluate.coalitions`` message, and posts a ``contribution`` event with
-   utility(S) = example-weighted accuracy of S's model across sites. The portal computes the
+   utility(S) = the median over the sites of S's model's held-out accuracy (ADR 0017). The portal computes the
    Shapley values. A failure here is reported in the event and does not fail the run.
 
 Polling: ``Grid.send_and_receive`` sleeps 3 s between pulls; this app pushes and pulls itself every
@@ -37,7 +41,9 @@ import logging
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
@@ -60,11 +66,14 @@ from frp_flwr.contract import (
     RunConfig,
     SiteEvaluation,
     SiteInfo,
+    SiteLimits,
     SiteRound,
     Started,
     TrainReply,
     encode_event,
+    examples_problem,
     finite_or_none,
+    metering_problem,
 )
 from frp_flwr.signing import SignatureError, job_key, master_key_from_environ, sign
 from frp_flwr.task import (
@@ -164,6 +173,8 @@ class Exchange:
     replies: dict[int, Message] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)
     timed_out: set[int] = field(default_factory=set)
+    #: node → seconds from pushing its message to pulling its reply (the ServerApp's own clock)
+    elapsed: dict[int, float] = field(default_factory=dict)
 
 
 def _record_to_json(record) -> dict:
@@ -208,6 +219,7 @@ REPLY_LOG = ReplyLog()
 def exchange(grid: Grid, messages: list[Message], *, timeout: float, poll: float) -> Exchange:
     """Push ``messages``, pull replies every ``poll`` seconds until all arrive or ``timeout`` (s)."""
     dst = [m.metadata.dst_node_id for m in messages]
+    t0 = time.monotonic()
     ids = list(grid.push_messages(messages))
     node_of = dict(zip(ids, dst, strict=True))
     pending = set(ids)
@@ -218,6 +230,7 @@ def exchange(grid: Grid, messages: list[Message], *, timeout: float, poll: float
             mid = reply.metadata.reply_to_message_id
             pending.discard(mid)
             node = node_of[mid]
+            out.elapsed[node] = time.monotonic() - t0
             REPLY_LOG.write(node, reply)
             if reply.has_error():
                 out.errors[node] = sanitise(reply.error.reason or "unknown error")
@@ -234,61 +247,107 @@ def discover(
 ) -> tuple[dict[str, int], dict[str, tuple[SiteInfo, FeatureStats]], dict[str, str]]:
     """Map the job's site ids to node ids.
 
-    Returns ``(site→node, site→(info, stats) of its discovery reply, site→error)``. A member's
-    reply that does not fit the contract is that site's error. Raises ``JobFailed`` when two
-    nodes claim one site.
+    Returns ``(site→node, site→(info, stats) of its discovery reply, site→error)``.
+
+    A site is known only from a node's own structured reply (:class:`SiteInfo`; a member that
+    cannot open its data says why in ``info.error``): an error reply (an exception on the node,
+    or the SuperLink's) is that node's alone and is never attributed to a site by its text. A
+    member's reply that does not fit the contract is that site's error. When two or more nodes
+    claim one site, the site is left out of the job with an error naming the nodes, whatever
+    order their replies came in: a site's name is its operator's own ``--node-config``, so the
+    ServerApp cannot tell which claim is true (binding node ids to sites is SuperNode
+    authentication's, issue 13). After every site is claimed, nodes that connected meanwhile are
+    asked too, so a second claim is seen.
     """
     deadline = time.monotonic() + timeout
     asked: set[int] = set()
-    site_node: dict[str, int] = {}
-    site_reply: dict[str, tuple[SiteInfo, FeatureStats]] = {}
-    site_error: dict[str, str] = {}
-    while time.monotonic() < deadline and len(site_node) < len(spec.sites):
-        new = [n for n in grid.get_node_ids() if n not in asked]
-        if not new:
-            time.sleep(poll)
-            continue
-        asked.update(new)
+    claims: dict[str, dict[int, Message]] = {}
+
+    def ask(nodes: list[int]) -> None:
+        asked.update(nodes)
         msgs = [
             Message(
                 RecordDict({"config": ConfigRecord({})}),
                 dst_node_id=n,
                 message_type=MessageType.QUERY,
             )
-            for n in new
+            for n in nodes
         ]
         result = exchange(grid, msgs, timeout=max(1.0, deadline - time.monotonic()), poll=poll)
+        for node, error in result.errors.items():
+            log.warning("node %s: discovery failed (attributed to no site): %s", node, error)
         for node, reply in result.replies.items():
             try:
                 info = SiteInfo.from_record(reply.content["info"])
             except (ContractError, KeyError) as exc:
                 log.warning("node %s: discovery reply does not fit the contract: %s", node, exc)
                 continue
-            if info.site not in spec.sites:
-                continue
-            if info.site in site_node and site_node[info.site] != node:
-                raise JobFailed(f"two nodes claim site {info.site!r}; refusing to run")
-            site_node[info.site] = node
-            try:
-                stats = FeatureStats.from_record(reply.content["stats"])
-                if len(stats.mean) != len(info.features):
-                    raise ContractError("stats: one mean per feature expected")
-            except (ContractError, KeyError) as exc:
-                site_error[info.site] = sanitise(f"malformed discovery reply: {exc}")
-                continue
-            site_reply[info.site] = (info, stats)
-        for node, error in result.errors.items():
-            # A member site that could not open its data names itself in the error text.
-            for site in spec.sites:
-                if f"site {site!r}" in error:
-                    site_error[site] = error
-                    site_node.setdefault(site, node)
+            if info.site in spec.sites:
+                claims.setdefault(info.site, {})[node] = reply
+
+    while time.monotonic() < deadline and len(claims) < len(spec.sites):
+        new = [n for n in grid.get_node_ids() if n not in asked]
+        if not new:
+            time.sleep(poll)
+            continue
+        ask(new)
+    late = [n for n in grid.get_node_ids() if n not in asked]
+    if late:
+        ask(late)
+
+    site_node: dict[str, int] = {}
+    site_reply: dict[str, tuple[SiteInfo, FeatureStats]] = {}
+    site_error: dict[str, str] = {}
+    for site, by_node in sorted(claims.items()):
+        if len(by_node) > 1:
+            nodes = ", ".join(str(n) for n in sorted(by_node))
+            site_error[site] = (
+                f"nodes {nodes} all claim site {site!r}; a site's name is its operator's own "
+                "node config, so none can be trusted and the site is left out of this job"
+            )
+            continue
+        ((node, reply),) = by_node.items()
+        site_node[site] = node
+        info = SiteInfo.from_record(reply.content["info"])
+        if info.error:
+            site_error[site] = sanitise(info.error)
+            continue
+        try:
+            stats = FeatureStats.from_record(reply.content["stats"])
+            if len(stats.mean) != len(info.features):
+                raise ContractError("stats: one mean per feature expected")
+        except (ContractError, KeyError) as exc:
+            site_error[site] = sanitise(f"malformed discovery reply: {exc}")
+            continue
+        site_reply[site] = (info, stats)
     return site_node, site_reply, site_error
 
 
 # ---------------------------------------------------------------------------------------------
 # The run
 # ---------------------------------------------------------------------------------------------
+
+
+#: ``check(site, parsed metrics, elapsed seconds) -> problem`` ("" when the reply may be true).
+ReplyCheck = Callable[[str, Any, float], str]
+
+
+def bounds_check(
+    kind: str, limits: dict[str, SiteLimits], *, test_fraction: float, classes: int
+) -> ReplyCheck:
+    """A :data:`ReplyCheck` of ``kind`` (``"train"`` or ``"test"`` examples) against the portal's
+    ``limits`` (``contract.examples_problem`` and ``contract.metering_problem``). A site without
+    limits (no portal answered) is not checked."""
+
+    def check(site: str, metrics, elapsed: float) -> str:
+        lim = limits.get(site)
+        if lim is None:
+            return ""
+        return examples_problem(
+            kind, metrics.num_examples, lim, test_fraction=test_fraction, classes=classes
+        ) or metering_problem(metrics.cpu_seconds, metrics.wall_seconds, elapsed, lim)
+
+    return check
 
 
 def fan_out(
@@ -303,11 +362,13 @@ def fan_out(
     poll: float,
     sites_out: dict[str, dict],
     reply_type: type[TrainReply] | type[EvaluateReply],
+    check: ReplyCheck | None = None,
 ) -> dict[int, tuple[Message, TrainReply | EvaluateReply]]:
     """Send ``arrays`` + ``config`` to every active node; return node → (reply, parsed metrics).
 
-    Errors, silences and replies that do not fit ``reply_type`` mark the site's entry in
-    ``sites_out`` with ``ok=False`` and the reason.
+    Errors, silences, replies that do not fit ``reply_type`` and replies ``check`` finds out of
+    bounds (``check(site, metrics, elapsed seconds) -> problem``) mark the site's entry in
+    ``sites_out`` with ``ok=False`` and the reason; such replies are not returned.
     """
     msgs = [
         Message(
@@ -318,20 +379,30 @@ def fan_out(
         for n in active.values()
     ]
     result = exchange(grid, msgs, timeout=timeout, poll=poll)
+
+    def fail(node: int, error: str) -> None:  # the round's first reason for a site is kept
+        entry = sites_out[node_site[node]]
+        if entry.get("ok") is not False:
+            entry.update(ok=False, error=error)
+
     for node, error in result.errors.items():
-        sites_out[node_site[node]].update(ok=False, error=error)
+        fail(node, error)
     for node in result.timed_out:
-        sites_out[node_site[node]].update(ok=False, error=f"no reply within {timeout:.0f} s")
+        fail(node, f"no reply within {timeout:.0f} s")
     parsed = {}
     for node, reply in result.replies.items():
         try:
             if message_type == MessageType.TRAIN:
                 _check_shapes(reply.content["arrays"], arrays)
-            parsed[node] = (reply, reply_type.from_record(reply.content["metrics"], "metrics"))
+            metrics = reply_type.from_record(reply.content["metrics"], "metrics")
         except (ContractError, KeyError) as exc:
-            sites_out[node_site[node]].update(
-                ok=False, error=sanitise(f"malformed {message_type} reply: {exc}")
-            )
+            fail(node, sanitise(f"malformed {message_type} reply: {exc}"))
+            continue
+        problem = check(node_site[node], metrics, result.elapsed.get(node, 0.0)) if check else ""
+        if problem:
+            fail(node, f"faulty {message_type} reply, refused: {problem}")
+            continue
+        parsed[node] = (reply, metrics)
     return parsed
 
 
@@ -359,15 +430,21 @@ def evaluate_contribution(
     timeout: float,
     poll: float,
     seed: int = 0,
+    check: ReplyCheck | None = None,
 ) -> Contribution:
     """Score coalition models at every active site with one message each; return the event.
 
     ``players``: site ids, index = player number in ``rounds``. Models: the whole run for each
     coalition of :func:`task.contribution_plan` (round key ``"0"``) and, while the message stays
     within ``MAX_COALITION_MODELS`` models, the same coalitions for every round ``t`` (key
-    ``str(t)``, model ``w_{t−1} + Δ_S^t``). Utility = Σ_s n_s·acc_s(S) / Σ_s n_s over the sites
-    that replied (``n_s`` held-out examples). A site whose reply does not fit the contract is left
-    out (named in ``errors``). Raises ``JobFailed`` when no site replies.
+    ``str(t)``, model ``w_{t−1} + Δ_S^t``). Every coalition model is scored by every site on its
+    own held-out split. Utility(S) = the **median over the evaluating sites** of acc_s(S) (ADR
+    0017): a site's scores of coalitions that include itself cannot be verified, and the median
+    keeps one site's (unweighted, so its example count does not matter) from moving the utility
+    beyond the other sites' range when three or more sites evaluate. ``disagreement``: per site,
+    the mean |acc_s(S) − utility(S)| over all models (a site far from the others stands out). A site whose reply
+    does not fit the contract or ``check`` (bounds of its held-out rows and metering) is left out
+    (named in ``errors``). Raises ``JobFailed`` when no site replies.
     """
     t0 = time.monotonic()
     method, coalitions, permutations = contribution_plan(len(players), seed=seed)
@@ -401,7 +478,7 @@ def evaluate_contribution(
     node_site = {n: s for s, n in active.items()}
     errors = {node_site[n]: e for n, e in result.errors.items()}
     errors.update({node_site[n]: f"no reply within {timeout:.0f} s" for n in result.timed_out})
-    total = np.zeros(len(keys))
+    scores: dict[str, np.ndarray] = {}
     examples: dict[str, int] = {}
     sites: dict[str, Metering] = {}
     for node, reply in result.replies.items():
@@ -414,7 +491,11 @@ def evaluate_contribution(
         if len(m.coalition_accuracy) != len(keys):
             errors[site] = f"scored {len(m.coalition_accuracy)} of {len(keys)} coalition models"
             continue
-        total += m.num_examples * np.asarray(m.coalition_accuracy, dtype=np.float64)
+        problem = check(site, m, result.elapsed.get(node, 0.0)) if check else ""
+        if problem:
+            errors[site] = f"faulty coalition reply, refused: {problem}"
+            continue
+        scores[site] = np.asarray(m.coalition_accuracy, dtype=np.float64)
         examples[site] = m.num_examples
         sites[site] = Metering(
             examples=m.num_examples,  # held-out rows, scored once per model in one pass
@@ -423,13 +504,17 @@ def evaluate_contribution(
             bytes_received=m.bytes_received,
             bytes_sent=m.bytes_sent,
         )
-    if not examples:
-        raise JobFailed(f"no site scored the coalition models: {errors or 'timed out'}")
-    weight = sum(examples.values())
-    if weight == 0:
-        raise JobFailed("no held-out examples at any site to score coalition models")
+    scores = {s: a for s, a in scores.items() if examples[s] > 0}
+    if not scores:
+        raise JobFailed(f"no site scored the coalition models: {errors or 'no held-out examples'}")
+    table = np.stack([scores[s] for s in sorted(scores)])  # (sites, models)
+    utility = np.median(table, axis=0)
+    disagreement = {
+        site: round(float(np.mean(np.abs(table[i] - utility))), 6)
+        for i, site in enumerate(sorted(scores))
+    }
     utilities: dict[str, dict[str, float]] = {}
-    for key, value in zip(keys, total / weight, strict=True):
+    for key, value in zip(keys, utility, strict=True):
         rnd, members = key.split("|")
         utilities.setdefault(rnd, {})[members] = float(value)
     return Contribution(
@@ -437,13 +522,14 @@ def evaluate_contribution(
         method=method,
         permutations=permutations,
         seed=seed,
-        utility="example-weighted held-out accuracy",
+        utility="median over the evaluating sites of held-out accuracy",
         utilities=utilities,
         examples=examples,
         models=len(keys),
         sites=sites,
         errors=errors,
         wall_seconds=time.monotonic() - t0,
+        disagreement=disagreement,
     )
 
 
@@ -456,6 +542,58 @@ def _site_round(entry: dict) -> SiteRound:
     )
 
 
+#: Fields of a site's round entry that are its metering or figures (zeroed when it is refused).
+_FIGURES = (
+    "train_examples",
+    "eval_examples",
+    "train_loss",
+    "eval_loss",
+    "eval_accuracy",
+    "cpu_seconds",
+    "wall_seconds",
+    "bytes_received",
+    "bytes_sent",
+)
+
+
+def _refuse_unfit_entries(sites_out: dict[str, dict]) -> None:
+    """Refuse, per site, a round entry that does not fit the contract (its train and evaluate
+    metering summed: each reply may fit while the sum does not), and then, while the round's totals
+    do not fit, the site with the most examples: that site is faulty (``ok=False``, its figures
+    dropped, the reason said), and the others' round goes on (hostile re-test, finding 1c)."""
+
+    def refuse(site: str, why: str) -> None:
+        entry = sites_out[site]
+        for key in _FIGURES:
+            entry.pop(key, None)
+        entry.update(ok=False, error=sanitise(f"faulty replies, refused: {why}", limit=1000))
+
+    for site, entry in sites_out.items():
+        try:
+            SiteRound.from_json(_site_round(entry).to_json(), f"sites.{site}")
+        except ContractError as exc:
+            refuse(site, str(exc))
+    while True:
+        ok = [s for s, e in sites_out.items() if e.get("ok") is True]
+        totals = {
+            "train_examples": sum(int(sites_out[s].get("train_examples", 0)) for s in ok),
+            "eval_examples": sum(int(sites_out[s].get("eval_examples", 0)) for s in ok),
+        }
+        try:
+            Round.from_json({"round": 1, **totals})
+            return
+        except ContractError as exc:
+            biggest = max(
+                ok,
+                key=lambda s: (
+                    int(sites_out[s].get("train_examples", 0))
+                    + int(sites_out[s].get("eval_examples", 0)),
+                    s,
+                ),
+            )
+            refuse(biggest, f"its counts overflow the round's total ({exc})")
+
+
 def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
     """Discovery, FedAvg rounds and reporting for one job (see the module docstring)."""
     spec = cfg.spec
@@ -466,18 +604,40 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
     site_node, site_reply, site_error = discover(
         grid, spec, timeout=cfg.discovery_timeout, poll=poll
     )
-    missing = sorted(set(spec.sites) - set(site_node))
+    missing = sorted(set(spec.sites) - set(site_node) - set(site_error))
     active = {s: n for s, n in site_node.items() if s not in site_error}
-    reporter.post(
+    answer = reporter.post(
         Started(
             nodes={s: str(n) for s, n in site_node.items()},
             missing=missing,
             errors=site_error,
         )
     )
+    # What the portal knows of each site (rows registered at ingest, allocated cores) bounds what
+    # the site may report (ADR 0017); a site out of bounds is faulty and left out.
+    limits = answer.limits
+    classes_all = sort_classes({c for s in active for c in site_reply[s][0].labels})
+    faulty: dict[str, str] = {}
+    for site in sorted(active):
+        lim = limits.get(site)
+        stats = site_reply[site][1]
+        problem = (
+            examples_problem(
+                "train",
+                stats.num_examples,
+                lim,
+                test_fraction=cfg.test_fraction,
+                classes=len(classes_all),
+            )
+            if lim
+            else ""
+        )
+        if problem:
+            faulty[site] = f"faulty discovery reply, refused: {problem}"
+            active.pop(site)
     if len(active) < spec.min_sites:
         problems = [f"{s}: not connected" for s in missing] + [
-            f"{s}: {e}" for s, e in sorted(site_error.items())
+            f"{s}: {e}" for s, e in sorted({**site_error, **faulty}.items())
         ]
         raise JobFailed(
             f"only {len(active)} of {len(spec.sites)} sites ready (need {spec.min_sites}); "
@@ -507,10 +667,17 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
 
     last_eval: dict[str, SiteEvaluation] = {}
     aggregate_eval: dict = {}
+    train_check = bounds_check(
+        "train", limits, test_fraction=cfg.test_fraction, classes=len(classes)
+    )
+    test_check = bounds_check("test", limits, test_fraction=cfg.test_fraction, classes=len(classes))
     for rnd in range(1, num_rounds + 1):
         t0 = time.monotonic()
         config["server-round"] = rnd
         sites_out: dict[str, dict] = {s: {"node_id": str(n)} for s, n in active.items()}
+        if rnd == 1:  # sites refused after discovery are reported with the first round
+            for site, error in faulty.items():
+                sites_out[site] = {"node_id": str(site_node[site]), "ok": False, "error": error}
 
         fan = dict(
             grid=grid,
@@ -521,7 +688,7 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
             poll=poll,
             sites_out=sites_out,
         )
-        train = fan_out(MessageType.TRAIN, arrays, reply_type=TrainReply, **fan)
+        train = fan_out(MessageType.TRAIN, arrays, reply_type=TrainReply, check=train_check, **fan)
         for node, (_, m) in train.items():
             sites_out[node_site[node]].update(
                 ok=True,
@@ -556,7 +723,9 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
         new_arrays, train_agg = strategy.aggregate_train(rnd, [r for r, _ in train.values()])
         arrays = new_arrays
 
-        evaluation = fan_out(MessageType.EVALUATE, arrays, reply_type=EvaluateReply, **fan)
+        evaluation = fan_out(
+            MessageType.EVALUATE, arrays, reply_type=EvaluateReply, check=test_check, **fan
+        )
         for node, (_, m) in evaluation.items():
             site = node_site[node]
             entry = sites_out[site]
@@ -572,24 +741,31 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
             last_eval[site] = SiteEvaluation(
                 eval_examples=m.num_examples, eval_loss=m.eval_loss, eval_accuracy=m.eval_accuracy
             )
-        eval_agg = strategy.aggregate_evaluate(rnd, [r for r, _ in evaluation.values()]) or {}
+        _refuse_unfit_entries(sites_out)
+        ok_sites = {s for s, e in sites_out.items() if e.get("ok") is True}
+        eval_agg = (
+            strategy.aggregate_evaluate(
+                rnd, [r for n, (r, _) in evaluation.items() if node_site[n] in ok_sites]
+            )
+            or {}
+        )
         aggregate_eval = {
             "eval_loss": finite_or_none(eval_agg.get("eval-loss")),
             "eval_accuracy": finite_or_none(eval_agg.get("eval-accuracy")),
-            "eval_examples": sum(int(e.get("eval_examples", 0)) for e in sites_out.values()),
+            "eval_examples": sum(int(sites_out[s].get("eval_examples", 0)) for s in ok_sites),
         }
         answer = reporter.post(
             Round(
                 round=rnd,
                 train_loss=finite_or_none((train_agg or {}).get("train-loss")),
-                train_examples=sum(int(e.get("train_examples", 0)) for e in sites_out.values()),
+                train_examples=sum(int(sites_out[s].get("train_examples", 0)) for s in ok_sites),
                 wall_seconds=time.monotonic() - t0,
                 sites={s: _site_round(e) for s, e in sites_out.items()},
                 **aggregate_eval,
             )
         )
         # Drop sites that failed this round, and any the portal asks to drop (revoked grants).
-        failed = {s for s, e in sites_out.items() if e.get("ok") is False}
+        failed = {s for s, e in sites_out.items() if e.get("ok") is False} & set(active)
         revoked = set(answer.drop_sites) & set(active)
         for site in failed | revoked:
             active.pop(site, None)
@@ -625,6 +801,7 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
             config=config,
             timeout=round_timeout,
             poll=poll,
+            check=test_check,
         )
     except Exception as exc:  # contribution is an add-on: the trained model stands regardless
         log.warning("contribution evaluation failed: %s", exc)
