@@ -44,6 +44,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
+from frp_flwr.coalitions import coalition_key, contribution_plan
 from frp_flwr.contract import (
     CallbackAnswer,
     CoalitionReply,
@@ -70,10 +71,8 @@ from frp_flwr.signing import SignatureError, job_key, master_key_from_environ, s
 from frp_flwr.task import (
     MAX_COALITION_MODELS,
     RoundLog,
-    coalition_key,
     coalition_models,
     combine_sums,
-    contribution_plan,
     init_params,
     sanitise,
     sort_classes,
@@ -363,7 +362,7 @@ def evaluate_contribution(
     """Score coalition models at every active site with one message each; return the event.
 
     ``players``: site ids, index = player number in ``rounds``. Models: the whole run for each
-    coalition of :func:`task.contribution_plan` (round key ``"0"``) and, while the message stays
+    coalition of :func:`coalitions.contribution_plan` (round key ``"0"``) and, while the message stays
     within ``MAX_COALITION_MODELS`` models, the same coalitions for every round ``t`` (key
     ``str(t)``, model ``w_{t−1} + Δ_S^t``). Utility = Σ_s n_s·acc_s(S) / Σ_s n_s over the sites
     that replied (``n_s`` held-out examples). A site whose reply does not fit the contract is left
