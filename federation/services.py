@@ -497,8 +497,9 @@ def job_callback_record(*, job_id: int, seq: int, event: contract.Event) -> cont
     signature's timestamp window — is refused. Final results are written once: after
     ``finished``, no round or second ``finished`` may change them; the contribution is written once.
 
-    Returns the answer for the ServerApp: ``drop_sites`` — sites whose grant is no longer valid, to
-    be dropped from the next round. Raises ``JobError`` (nothing written) for a job that is not
+    Returns the answer for the ServerApp: ``drop_sites`` — sites whose grant is no longer valid
+    or whose figures were refused, to be dropped from the next round; ``limits`` — each site's
+    :func:`site_limits`. Raises ``JobError`` (nothing written) for a job that is not
     running, a replayed ``seq``, an event that would replace final results or that names sites
     outside the job.
     """
@@ -519,26 +520,36 @@ def job_callback_record(*, job_id: int, seq: int, event: contract.Event) -> cont
     # ServerApp reads this answer: no site learns another's exact row count.
     limits = {slug: site_limits(js) for slug, js in sites.items()}
 
-    drop = [
+    drop = _revoked_sites(job, sites)
+    if isinstance(event, contract.Round):  # the ServerApp drops these before its next round
+        _mark_dropped(sites, drop, after_round=event.round)
+        drop += [  # sites whose figures this round were refused (``_round_problem``)
+            slug
+            for slug, js in sites.items()
+            if slug not in drop and js.status == JobSiteStatus.FAILED and slug in event.sites
+        ]
+    return contract.CallbackAnswer(drop_sites=drop, limits=limits)
+
+
+def _revoked_sites(job: FederatedJob, sites: dict[str, JobSite]) -> list[str]:
+    """The job's sites whose dataset's access grant for the job's project is no longer valid."""
+    return [
         slug
         for slug, js in sites.items()
         if not sandbox_selectors.has_valid_grant(
             project=job.project, dataset=js.dataset_version.dataset
         )
     ]
-    if isinstance(event, contract.Round):  # the ServerApp drops these before its next round
-        drop += [
-            slug
-            for slug, js in sites.items()
-            if slug not in drop and js.status == JobSiteStatus.FAILED and slug in event.sites
-        ]
-        for slug in drop:
-            js = sites[slug]
-            if js.status not in (JobSiteStatus.DROPPED, JobSiteStatus.FAILED):
-                js.status = JobSiteStatus.DROPPED
-                js.last_error = f"access grant no longer valid: dropped after round {event.round}"
-                js.save(update_fields=["status", "last_error"])
-    return contract.CallbackAnswer(drop_sites=drop, limits=limits)
+
+
+def _mark_dropped(sites: dict[str, JobSite], slugs: list[str], *, after_round: int) -> None:
+    """Mark the sites ``slugs`` dropped (unless already dropped or failed), with the reason."""
+    for slug in slugs:
+        js = sites[slug]
+        if js.status not in (JobSiteStatus.DROPPED, JobSiteStatus.FAILED):
+            js.status = JobSiteStatus.DROPPED
+            js.last_error = f"access grant no longer valid: dropped after round {after_round}"
+            js.save(update_fields=["status", "last_error"])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "federation/flwr_app"))
 from frp_flwr import server_app, task  # noqa: E402
+from frp_flwr.coalitions import coalition_key  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -122,7 +123,7 @@ def test_utilities_are_the_median_over_sites_of_each_coalition_models_accuracy()
     for members in [(), (0,), (2,), (0, 2), (0, 1, 2)]:
         model = task.coalition_run_model(initial, logs, frozenset(members))
         expected = _median_accuracy(model, held_out)
-        assert out.utilities["0"][task.coalition_key(frozenset(members))] == pytest.approx(expected)
+        assert out.utilities["0"][coalition_key(frozenset(members))] == pytest.approx(expected)
     round_2 = task.coalition_round_model(logs[1], frozenset({1}))
     assert out.utilities["2"]["1"] == pytest.approx(_median_accuracy(round_2, held_out))
     assert set(out.disagreement) == {"a", "b", "c"}
