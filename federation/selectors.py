@@ -15,7 +15,9 @@ from federation.models import (
 from federation.runtime import LocalSite
 from portal.models import Membership, Role, Site
 from portal.selectors import projects_for_user
+from sandbox.selectors import stewarded_institution_ids
 from sandbox.sitestore import site_dir
+from sandbox.templatetags.sandbox_tags import disclosed
 
 
 def _visible_jobs(user):
@@ -63,25 +65,42 @@ def job_detail(*, user, pk: int) -> FederatedJob:
     )
 
 
-def job_progress(*, job: FederatedJob) -> dict:
+def shown_count(count: int | None, *, exact: bool) -> int | str | None:
+    """A site's row count as ``exact`` (its own stewards) or under the profile's disclosure rule
+    (everyone else: ``"≈150"``, ``"≤7"``, ``"0"``; ``sandbox.profile.safe_count``)."""
+    if count is None:
+        return None
+    return int(count) if exact else disclosed(count)
+
+
+def job_progress(*, job: FederatedJob, user=None) -> dict:
     """Everything the live progress panel shows: rounds, per-site rows, chart series.
 
     Returns ``{"rounds": [RoundMetric], "sites": [JobSite], "site_rounds": {site_id: [SiteRoundMetric]},
     "chart": {"round": [int], "eval_accuracy": [float|None], "eval_loss": [...], "train_loss": [...]},
-    "percent": int 0..100}``.
+    "percent": int 0..100, "final_metrics": dict}``. Each site carries ``train_rows``/``test_rows``
+    (its latest round's) and ``final_metrics`` the job's (without the model), with row counts
+    exact only for ``user``'s own sites as a data steward, else under the disclosure rule
+    (:func:`shown_count`): the examples a site trains and evaluates on are its dataset's rows.
     """
     rounds = list(RoundMetric.objects.filter(job=job).order_by("round"))
     sites = list(job.sites.select_related("site__institution", "dataset_version__dataset"))
     site_rounds: dict[int, list[SiteRoundMetric]] = {s.pk: [] for s in sites}
     for m in SiteRoundMetric.objects.filter(job_site__job=job).order_by("round"):
         site_rounds[m.job_site_id].append(m)
+    stewarded = stewarded_institution_ids(user=user) if user is not None else set()
+    exact = {s.site.slug: s.site.institution_id in stewarded for s in sites}
     for s in sites:
         s.round_rows = site_rounds[s.pk]
         s.last_round = site_rounds[s.pk][-1] if site_rounds[s.pk] else None
+        last = s.last_round
+        s.train_rows = shown_count(last.train_examples if last else None, exact=exact[s.site.slug])
+        s.test_rows = shown_count(last.eval_examples if last else None, exact=exact[s.site.slug])
     percent = 100 if job.status == "completed" else int(100 * len(rounds) / max(job.num_rounds, 1))
     return {
         "rounds": rounds,
         "sites": sites,
+        "final_metrics": _final_metrics_shown(job.final_metrics, exact),
         "percent": min(percent, 100),
         "chart": {
             "round": [r.round for r in rounds],
@@ -90,6 +109,33 @@ def job_progress(*, job: FederatedJob) -> dict:
             "train_loss": [r.train_loss for r in rounds],
         },
     }
+
+
+def _final_metrics_shown(final: dict, exact: dict[str, bool]) -> dict:
+    """``job.final_metrics`` without the model, its row counts under :func:`shown_count`: the
+    total held-out rows exact only for a steward of every site, each site's in the contribution
+    only for its own stewards."""
+    out = {k: v for k, v in final.items() if k != "model"}
+    if "eval_examples" in out:
+        out["eval_examples"] = shown_count(
+            out["eval_examples"], exact=bool(exact) and all(exact.values())
+        )
+    contribution = out.get("contribution")
+    if isinstance(contribution, dict):
+        contribution = dict(contribution)
+        contribution["examples"] = {
+            site: shown_count(n, exact=exact.get(site, False))
+            for site, n in (contribution.get("examples") or {}).items()
+        }
+        contribution["sites"] = {
+            site: {
+                **m,
+                "examples": shown_count(m.get("examples"), exact=exact.get(site, False)),
+            }
+            for site, m in (contribution.get("sites") or {}).items()
+        }
+        out["contribution"] = contribution
+    return out
 
 
 def release_waiting_sites(*, job: FederatedJob, release) -> list:

@@ -82,7 +82,7 @@ def job_detail(request, pk: int):
         "release": release,
         "release_waiting": selectors.release_waiting_sites(job=job, release=release),
     }
-    context.update(selectors.job_progress(job=job))
+    context.update(selectors.job_progress(job=job, user=request.user))
     return render(request, "federation/job_detail.html", context)
 
 
@@ -91,7 +91,7 @@ def job_progress(request, pk: int):
     """The progress panel alone (HTMX partial)."""
     job = _job_or_404(request, pk)
     context = {"job": job, "can_stop": can(request.user, "job.stop", job)}
-    context.update(selectors.job_progress(job=job))
+    context.update(selectors.job_progress(job=job, user=request.user))
     return render(request, "federation/partials/job_progress.html", context)
 
 
@@ -100,7 +100,7 @@ def job_progress_json(request, pk: int):
     """Progress as JSON (chart series, per-site rows) for scripts and the chart, plus the sections
     the floors above add (``portal.panels`` slot ``job_progress``: accounting's ``accounting``)."""
     job = _job_or_404(request, pk)
-    progress = selectors.job_progress(job=job)
+    progress = selectors.job_progress(job=job, user=request.user)
     return JsonResponse(
         {
             "id": job.pk,
@@ -110,7 +110,7 @@ def job_progress_json(request, pk: int):
             "num_rounds": job.num_rounds,
             "rounds_done": len(progress["rounds"]),
             "chart": progress["chart"],
-            "final_metrics": {k: v for k, v in job.final_metrics.items() if k != "model"},
+            "final_metrics": progress["final_metrics"],
             **panels.sections("job_progress", request=request, job=job),  # accounting's, …
             "sites": [
                 {
@@ -118,8 +118,9 @@ def job_progress_json(request, pk: int):
                     "institution": s.site.institution.name,
                     "status": s.status,
                     "rounds_completed": s.rounds_completed,
-                    "train_examples": s.last_round.train_examples if s.last_round else 0,
-                    "eval_examples": s.last_round.eval_examples if s.last_round else 0,
+                    # exact for the site's own stewards, else the disclosure rule ("≈150")
+                    "train_examples": s.train_rows if s.last_round else 0,
+                    "eval_examples": s.test_rows if s.last_round else 0,
                     "eval_accuracy": s.final_metrics.get("eval_accuracy")
                     or (s.last_round.eval_accuracy if s.last_round else None),
                     "error": s.last_error,
