@@ -8,7 +8,8 @@ test suite uses it, or ``DATABASE_URL``)::
 What it does, all in this one process:
 
 1. creates a throwaway PostgreSQL database (``connection.creation.create_test_db``: migrated from
-   scratch, dropped at the end, also on failure) and fills it with ``bulk_create``: 10 institutions
+   scratch, dropped at the end, also on failure) and fills it with ``bulk_create``
+   (``tests.scale_world.build``, which the query-count tests share): 10 institutions
    with one site each, 2,000 users, 50 projects (10 members each), 200 datasets with 2 versions,
    1,000 access requests, ``--jobs`` jobs at 3 sites each (30,000 job sites), 10 rounds each
    (100,000 round metrics, 300,000 site round metrics), a usage record, two billing entries and a
@@ -21,8 +22,9 @@ What it does, all in this one process:
    (``is_staff``: sees every job, the accounting list and Django's admin lists);
 3. requests each list page found in the URL configuration ``--warmup`` times untimed and then
    ``--requests`` times, and prints p50/p95 wall time of the whole request (middleware, session,
-   queries, template), the number of SQL queries and the response size; every page must answer
-   200. The ratio column is p95 / the p95 of the job page (``/jobs/<pk>/``, one job with its sites
+   queries, template), the median CPU time of this process per request (the Django side, less
+   sensitive to other load on the machine than wall time), the queries' own wall time, the number
+   of SQL queries and the response size; every page must answer 200. The ratio column is p95 / the p95 of the job page (``/jobs/<pk>/``, one job with its sites
    and rounds), the reference the issue names (30–60 ms);
 4. prints the same for ``/jobs/`` with main's query shape before this change (``SELECT DISTINCT``
    with two ``Count(distinct)`` annotations, and the paginator's ``COUNT(*)`` over it), swapped in
@@ -31,8 +33,8 @@ What it does, all in this one process:
 ``--explain`` prints PostgreSQL's ``EXPLAIN ANALYZE`` of the job list's queries.
 
 Target (issue 12): every list page p95 < 100 ms at 10,000 jobs. The figures are wall times on a
-possibly shared machine; the query count is what the tests pin (``tests/*/test_list_queries.py``:
-flat as rows grow).
+possibly shared machine (the load average is printed); the query count is what the tests pin
+(``tests/portal/test_list_queries.py``: flat as rows grow).
 """
 
 from __future__ import annotations
@@ -107,6 +109,15 @@ def jobs_for_user_main(*, user):
 # --- timing -----------------------------------------------------------------------------------
 
 
+def _load() -> str:
+    try:
+        return (
+            " ".join(Path("/proc/loadavg").read_text().split()[:3]) + f" on {os.cpu_count()} CPUs"
+        )
+    except OSError:
+        return "unknown"
+
+
 def time_page(client, url: str, *, warmup: int, requests: int, show: bool = False) -> dict:
     """Wall times (ms) of ``requests`` GETs after ``warmup``; queries and bytes of the last."""
     from django.db import connection
@@ -114,11 +125,12 @@ def time_page(client, url: str, *, warmup: int, requests: int, show: bool = Fals
 
     for _ in range(warmup):
         client.get(url)
-    times = []
+    times, cpu = [], []
     for _ in range(requests):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         response = client.get(url)
         times.append((time.perf_counter() - t) * 1000)
+        cpu.append((time.process_time() - c) * 1000)
         if response.status_code != 200:
             raise SystemExit(f"{url} answered {response.status_code}")
     with CaptureQueriesContext(connection) as queries:
@@ -131,6 +143,8 @@ def time_page(client, url: str, *, warmup: int, requests: int, show: bool = Fals
     return {
         "p50": statistics.median(times),
         "p95": times[min(len(times) - 1, int(round(0.95 * (len(times) - 1))))],
+        "cpu": statistics.median(cpu),
+        "sql": sum(float(q["time"]) for q in queries.captured_queries) * 1000,
         "queries": len(queries.captured_queries),
         "kb": len(response.content) / 1024,
     }
@@ -177,6 +191,7 @@ def main() -> int:
             f"PostgreSQL {connection.pg_version // 10000}, database {connection.settings_dict['NAME']}"
             f" built in {world['seconds']:.1f} s: "
             + ", ".join(f"{v:,} {k}" for k, v in world["counts"].items())
+            + f"; load average {_load()}"
         )
         if args.explain:
             explain(world)
@@ -205,7 +220,10 @@ def main() -> int:
             f"\n{args.requests} requests per page after {args.warmup} untimed; wall ms of the whole "
             f"request (Django test client); ratio = p95 / p95 of the job page ({ref:.1f} ms)\n"
         )
-        head = f"{'signed in as':<11} {'page':<38} {'p50 ms':>7} {'p95 ms':>7} {'ratio':>6} {'queries':>7} {'kB':>6}  target"
+        head = (
+            f"{'signed in as':<11} {'page':<38} {'p50 ms':>7} {'p95 ms':>7} {'ratio':>6} "
+            f"{'cpu ms':>6} {'sql ms':>6} {'queries':>7} {'kB':>6}  target"
+        )
         print(head)
         print("-" * len(head))
         worst = 0.0
@@ -215,9 +233,14 @@ def main() -> int:
                 worst = max(worst, r["p95"])
             print(
                 f"{who:<11} {label:<38} {r['p50']:7.1f} {r['p95']:7.1f} {r['p95'] / ref:6.2f} "
-                f"{r['queries']:7d} {r['kb']:6.1f}  {ok}"
+                f"{r['cpu']:6.1f} {r['sql']:6.1f} {r['queries']:7d} {r['kb']:6.1f}  {ok}"
             )
         print(f"\nslowest list page p95: {worst:.1f} ms (target < {TARGET_MS:.0f} ms)")
+        print(
+            "cpu ms: median CPU time of this process per request (Django: middleware, ORM, "
+            "templates); sql ms: the queries' wall time in one request (PostgreSQL and the "
+            f"round trips). Load average at the end: {_load()}"
+        )
 
         # Before/after on the same rows: main's job-list query shape swapped in.
         print("\n/jobs/ with main's query shape (SELECT DISTINCT + two Count(distinct)) vs now:\n")
