@@ -247,7 +247,14 @@ def build(
         )
         UsageRecord.objects.bulk_create(
             (
-                UsageRecord(job_id=js.job_id, site_id=js.site_id, rounds=rounds, cpu_seconds=1.0)
+                UsageRecord(
+                    job_id=js.job_id,
+                    site_id=js.site_id,
+                    rounds=rounds,
+                    cpu_seconds=1.0,
+                    wall_seconds=2.0,
+                    reserved_seconds=600.0,
+                )
                 for js in job_sites
             ),
             batch_size=BATCH,
@@ -279,6 +286,7 @@ def build(
                     kind=BillingKind.COMPUTE_CHARGE,
                     institution_id=payer,
                     amount=Decimal("1.00"),
+                    service_units=Decimal("0.1667"),
                     invoice=by_inst_month[(payer, month)],
                 ),
                 BillingEntry(
@@ -287,6 +295,7 @@ def build(
                     kind=BillingKind.COMPUTE_CREDIT,
                     institution_id=payee,
                     amount=Decimal("1.00"),
+                    service_units=Decimal("0.1667"),
                     invoice=by_inst_month[(payee, month)],
                 ),
             ]
