@@ -29,6 +29,7 @@ from accounting.models import BillingEntry, BillingKind, Invoice, PriceRule, Usa
 from accounting.services.billing import CHARGE_KINDS, month_start, next_month
 from federation.models import ComputePool
 from portal import selectors as portal_selectors
+from portal.models import Project, Site
 from portal.permissions import can
 
 SECONDS_PER_HOUR = 3600
@@ -115,8 +116,9 @@ def institution_billing_series(*, institution, today: dt.date, months: int = 12)
     # Summed in the database by the job's finish month (in the portal's zone, as
     # ``month_start``): at most ``months`` rows come back, whatever the number of jobs (issue 12).
     month = TruncMonth("job__finished_at", output_field=DateField())
-    mine = Q(job__project__institution=institution)
-    at_mine = Q(site__institution=institution)
+    # Keys in subqueries: the aggregates join only the job (for its finish month).
+    mine = Q(job__project__in=Project.objects.filter(institution=institution).values("pk"))
+    at_mine = Q(site__in=Site.objects.filter(institution=institution).values("pk"))
     hours = ExpressionWrapper(
         F("cores") * Coalesce(F("reserved_seconds"), F("wall_seconds")) / SECONDS_PER_HOUR,
         output_field=FloatField(),
