@@ -208,6 +208,100 @@ class MemorySampler(threading.Thread):
 
 
 # ---------------------------------------------------------------------------------------------
+# Phases: the SuperNodes' log lines, time-stamped as they are written
+# ---------------------------------------------------------------------------------------------
+
+
+class LogStamper(threading.Thread):
+    """Reads the SuperNodes' logs every 20 ms and stamps each message's arrival and reply.
+
+    flwr 1.42's SuperNode logs ``Receiving: <type> message`` / ``Received successfully`` when it has
+    pulled a message (and its objects) and ``Sending: <type> message`` when it pushes the reply,
+    without times. ``events`` holds ``(monotonic time, log, "recv" | "sent", message type)``.
+    """
+
+    def __init__(self, logs: dict[str, Path], interval: float = 0.02):
+        super().__init__(name="log-stamper", daemon=True)
+        self.logs, self.interval = logs, interval
+        self.events: list[tuple[float, str, str, str]] = []
+        self._offsets = {k: (p.stat().st_size if p.exists() else 0) for k, p in logs.items()}
+        self._partial = dict.fromkeys(logs, "")
+        self._last_type = dict.fromkeys(logs, "")
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def run(self) -> None:
+        while not self._halt.wait(self.interval):
+            now = time.monotonic()
+            for key, path in self.logs.items():
+                with contextlib.suppress(OSError):
+                    with path.open("rb") as fh:
+                        fh.seek(self._offsets[key])
+                        chunk = fh.read()
+                    self._offsets[key] += len(chunk)
+                    text = self._partial[key] + chunk.decode(errors="replace")
+                    *lines, self._partial[key] = text.split("\n")
+                    for line in lines:
+                        self._line(now, key, line)
+
+    def _line(self, now: float, key: str, line: str) -> None:
+        if "Receiving: " in line:
+            self._last_type[key] = line.split("Receiving: ", 1)[1].split(" message", 1)[0]
+        elif "Received successfully" in line:
+            self.events.append((now, key, "recv", self._last_type[key]))
+        elif "Sending: " in line:
+            mtype = line.split("Sending: ", 1)[1].split(" message", 1)[0]
+            self.events.append((now, key, "sent", mtype))
+
+
+def phases(
+    events: list[tuple[float, str, str, str]], nodes: list[str], t0: float, t1: float
+) -> dict:
+    """Per-phase split of one run from the SuperNodes' stamped log lines (``LogStamper``).
+
+    A phase is one message type sent to every node (query, train, evaluate, …). Per node and
+    phase: *ClientApp* = reply sent − message received (the SuperExec's task poll, a new
+    interpreter with flwr's imports, the app's load, the handler, the reply's upload);
+    *between* = message received − the previous phase's last reply sent by any node (the
+    ServerApp's poll for replies, its aggregation and push, the SuperNode's idle poll, 3 s in
+    flwr 1.42). Returns ``{"phases": [type, …], "clientapp": [s, …], "between": [s, …],
+    "start": s until the first message arrived, "end": s after the last reply}``; empty when the
+    logs said nothing in ``[t0, t1]``.
+    """
+    seq: dict[str, list[tuple[float, float, str]]] = {}
+    pending: dict[str, float] = {}
+    for t, key, kind, mtype in events:
+        if not t0 <= t <= t1 or key not in nodes:
+            continue
+        if kind == "recv":
+            pending[key] = t
+        elif key in pending:
+            seq.setdefault(key, []).append((pending.pop(key), t, mtype))
+    if not seq:
+        return {}
+    n = min(len(v) for v in seq.values())
+    clientapp, between, types = [], [], []
+    for k in range(n):
+        types.append(next(iter(seq.values()))[k][2])
+        for node in seq:
+            recv, sent, _ = seq[node][k]
+            clientapp.append(sent - recv)
+            if k:
+                between.append(recv - max(v[k - 1][1] for v in seq.values()))
+    first = min(v[0][0] for v in seq.values())
+    last = max(v[n - 1][1] for v in seq.values())
+    return {
+        "phases": types,
+        "clientapp": clientapp,
+        "between": between,
+        "start": first - t0,
+        "end": t1 - last,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
 # Processes
 # ---------------------------------------------------------------------------------------------
 
@@ -355,6 +449,8 @@ class World:
     queue_dir: Path
     sampler: MemorySampler | None = None
     flower_home: Path | None = None  # FLWR_HOME naming the federation on Flower's defaults
+    stamper: LogStamper | None = None
+    nodes: dict[str, list[str]] = field(default_factory=dict)  # arm → its SuperNodes' log keys
 
     def timing_over(self) -> None:
         """Stop attributing memory to the arm (what follows is the benchmark's own bookkeeping)."""
@@ -642,6 +738,43 @@ def report(
             "column; more --repeat helps)."
         )
 
+    split = [r for r in results if r.extra.get("phases")]
+    if split:
+        print()
+        print(
+            "Per phase (one message type sent to every site), from the SuperNodes' log lines "
+            "stamped as written (every 20 ms), medians over sites and phases of each run:"
+        )
+        head = (
+            f"  {'arm':<7} {'phases':>6} {'start s':>8} {'between s':>10} {'ClientApp s':>12} "
+            f"{'end s':>7}  message types"
+        )
+        print(head)
+        for r in split:
+            ph = r.extra["phases"]
+            between = statistics.median(ph["between"]) if ph["between"] else float("nan")
+            print(
+                f"  {r.arm:<7} {len(ph['phases']):>6} {ph['start']:>8.2f} {between:>10.2f} "
+                f"{statistics.median(ph['clientapp']):>12.2f} {ph['end']:>7.2f}  "
+                + ", ".join(ph["phases"])
+            )
+        handler = [
+            r.extra["handler_wall"] / (2 * r.rounds) for r in portals if r.extra.get("handler_wall")
+        ]
+        print(
+            "  start = submission → the first message at a site (portal: queue, admission, flwr "
+            "run, ServerApp start; raw: flwr run, ServerApp start); between = a phase's last reply "
+            "sent → the next message received (ServerApp poll, aggregation, push, SuperNode idle "
+            "poll — 3 s in flwr 1.42, no setting); ClientApp = message received → reply sent "
+            "(SuperExec task poll, a new interpreter with flwr's imports, app load, handler, "
+            "upload); end = the last reply → completion seen (ServerApp end, status check)."
+        )
+        if handler:
+            print(
+                f"  the handler itself (metered by the ClientApp, per train or evaluate message, "
+                f"slowest site): {statistics.median(handler):.3f} s"
+            )
+
     if sampler is not None and sampler.peaks:
         print()
         print("Peak RSS (MiB), summed over each process tree, sampled every 0.5 s:")
@@ -736,7 +869,7 @@ def main(argv: list[str] | None = None) -> int:
         patch_kombu_filesystem_put()  # this process publishes job_launch
     logs = tmp / "logs"
     logs.mkdir()
-    state = web = worker = None
+    state = web = worker = world = None
     states: list = []
     sampler = MemorySampler() if MemorySampler.available() else None
     ok = interrupted = False
@@ -869,6 +1002,17 @@ def main(argv: list[str] | None = None) -> int:
         arms = {"raw": run_raw, "portal": run_portal}
         if world.flower_home is not None:
             arms = {"flower": run_flower, **arms}
+        stamped = {f"portal:{s}": Path(state.logs[f"supernode-{s}"]) for s in state.supernodes}
+        world.nodes = {"raw": list(stamped), "portal": list(stamped)}
+        if flower_state is not None:
+            flower_logs = {
+                f"flower:{s}": Path(flower_state.logs[f"supernode-{s}"])
+                for s in flower_state.supernodes
+            }
+            stamped.update(flower_logs)
+            world.nodes["flower"] = list(flower_logs)
+        world.stamper = LogStamper(stamped)
+        world.stamper.start()
         for i in range(args.warmup):
             for arm, fn in arms.items():
                 r = fn(world, 1, args)
@@ -882,6 +1026,11 @@ def main(argv: list[str] | None = None) -> int:
                 before, t_before = cpu_snapshot(), time.monotonic()
                 r = fn(world, args.rounds, args)
                 after, wall = cpu_snapshot(), time.monotonic() - t_before
+                if world.stamper is not None:
+                    time.sleep(0.1)  # the stamper's last read
+                    r.extra["phases"] = phases(
+                        world.stamper.events, world.nodes[arm], t_before, t_before + wall
+                    )
                 if before and after:
                     r.cpu_ours = (after[1] - before[1]) / wall
                     r.cpu_other = max(0.0, (after[0] - before[0]) - (after[1] - before[1])) / wall
@@ -912,6 +1061,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if sampler is not None:
             sampler.stop()
+        if world is not None and world.stamper is not None:
+            world.stamper.stop()
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not skip the cleanup
         _terminate(worker)
         _terminate(web)
