@@ -94,6 +94,8 @@ class FederatedJob(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        # The job lists read a page of the newest jobs: an index in that order (issue 12).
+        indexes = [models.Index(fields=["-created_at", "-id"], name="job_newest_first")]
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(num_rounds__gte=1) & models.Q(num_rounds__lte=100),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from django.db.models import Count, Prefetch, Q
+from django.db.models import Count, FloatField, IntegerField, OuterRef, Prefetch, Q, Subquery
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, Coalesce
 
 from federation.models import (
     FederatedJob,
@@ -13,34 +15,65 @@ from federation.models import (
     SiteRoundMetric,
 )
 from federation.runtime import LocalSite
-from portal.models import Membership, Role, Site
-from portal.selectors import projects_for_user
+from portal.models import Membership, Project, ProjectMember, Role, Site
 from sandbox.sitestore import site_dir
 
 
 def _visible_jobs(user):
-    """Jobs ``user`` may view (``portal.permissions`` ``job.view``), as one query."""
+    """Jobs ``user`` may view (``portal.permissions`` ``job.view``), as one query.
+
+    Each way in is an ``IN (subquery)`` on the job's own columns, so the result has one row per
+    job without a ``DISTINCT`` over joined rows (issue 12): the job list and its count stay cheap
+    at any number of jobs, sites and rounds."""
     if user.is_staff:
         return FederatedJob.objects.all()
     roles = Membership.objects.filter(user=user)
     part_of = roles.filter(role__in=[Role.DATA_STEWARD, Role.INSTITUTION_ADMIN])
     admin_of = roles.filter(role=Role.INSTITUTION_ADMIN)
     return FederatedJob.objects.filter(
-        Q(project__in=projects_for_user(user=user))
-        | Q(sites__site__institution__in=part_of.values("institution"))
-        | Q(project__institution__in=admin_of.values("institution"))
-    ).distinct()
+        Q(project__in=ProjectMember.objects.filter(user=user).values("project_id"))
+        | Q(
+            pk__in=JobSite.objects.filter(
+                site__institution__in=part_of.values("institution_id")
+            ).values("job_id")
+        )
+        | Q(
+            project__in=Project.objects.filter(
+                institution__in=admin_of.values("institution_id")
+            ).values("pk")
+        )
+    )
+
+
+def _count_of(model, fk: str):
+    """A correlated ``COUNT(*)`` of ``model`` rows whose ``fk`` is the outer job (0 when none)."""
+    rows = (
+        model.objects.filter(**{fk: OuterRef("pk")})
+        .order_by()
+        .values(fk)
+        .annotate(n=Count("*"))
+        .values("n")
+    )
+    return Coalesce(Subquery(rows, output_field=IntegerField()), 0)
 
 
 def jobs_for_user(*, user):
-    """Jobs the user may view, newest first, with project, submitter and round count: those of
-    the user's projects, and those at the sites (or of projects) of institutions where the user
-    is a data steward or admin."""
+    """Jobs the user may view, newest first: those of the user's projects, and those at the sites
+    (or of projects) of institutions where the user is a data steward or admin.
+
+    Each job has ``project`` and ``submitted_by`` joined and ``n_rounds`` (rounds reported),
+    ``n_sites`` (participating sites) and ``accuracy`` (``final_metrics["eval_accuracy"]``,
+    float or ``None``) annotated; ``final_metrics`` itself (which holds the model) is deferred.
+    The counts are correlated subqueries, evaluated only for the rows of the page, and dropped
+    from the paginator's ``COUNT(*)`` (issue 12)."""
     return (
         _visible_jobs(user)
         .select_related("project", "submitted_by")
+        .defer("final_metrics", "feature_columns", "status_detail", "failure_reason")
         .annotate(
-            n_rounds=Count("round_metrics", distinct=True), n_sites=Count("sites", distinct=True)
+            n_rounds=_count_of(RoundMetric, "job"),
+            n_sites=_count_of(JobSite, "job"),
+            accuracy=Cast(KT("final_metrics__eval_accuracy"), FloatField()),
         )
         .order_by("-created_at", "-id")
     )

@@ -71,7 +71,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "allauth.account.middleware.AccountMiddleware",
-    "allauth.usersessions.middleware.UserSessionsMiddleware",
+    "portal.middleware.UserSessionsMiddleware",  # allauth's, throttled (ADR 0017)
     "portal.middleware.RequireMFAMiddleware",
 ]
 
