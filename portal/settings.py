@@ -309,6 +309,12 @@ if not DEBUG and not FRP_CALLBACK_KEY and "FRP_CALLBACK_KEY_FILE" not in os.envi
     )
 # A round with no reply within this many seconds drops the silent sites (FedAvg's default: 3600 s).
 FRP_ROUND_TIMEOUT = env.float("FRP_ROUND_TIMEOUT", default=120.0)
+# An active job whose SuperLink has not answered for this long (seconds) is failed; the job page
+# says the SuperLink is unreachable from the first reconcile tick that finds it so.
+FRP_SUPERLINK_LOST_SECONDS = env.float("FRP_SUPERLINK_LOST_SECONDS", default=120.0)
+# A job LAUNCHING this long (seconds) with no run on the SuperLink carrying its launch nonce is
+# queued again (the worker died before it started the run).
+FRP_STALE_LAUNCH_SECONDS = env.float("FRP_STALE_LAUNCH_SECONDS", default=180.0)
 # Optional: a folder where each job's ServerApp appends every reply it receives (an audit of exactly
 # what left the sites). Empty: off.
 FRP_REPLY_LOG_DIR = env.str("FRP_REPLY_LOG_DIR", default="")

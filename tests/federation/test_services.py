@@ -37,6 +37,10 @@ class FakeSuperLink:
         self.status = superlink.RunStatus("7", "running", "", "", {})
         self.fail_submit: str | None = None
         self.stopped: list[str] = []
+        self.runs: list[superlink.RunStatus] = []  # what runs_list answers
+
+    def runs_list(self, conn, *, limit=100):
+        return list(self.runs)
 
     def run_submit(self, conn, run_config):
         if self.fail_submit:
@@ -54,7 +58,7 @@ class FakeSuperLink:
 @pytest.fixture
 def fake_superlink(monkeypatch):
     fake = FakeSuperLink()
-    for name in ("run_submit", "run_status", "run_stop"):
+    for name in ("run_submit", "run_status", "run_stop", "runs_list"):
         monkeypatch.setattr(services.superlink, name, getattr(fake, name))
     return fake
 
@@ -352,12 +356,12 @@ def test_reconcile_all_reads_all_runs_with_one_call(world, fake_superlink, launc
     )  # both running (pools would otherwise hold the second)
     calls = []
 
-    def runs_status(conn, run_ids):
+    def runs_status(conn, run_ids, *, newest=None):
         calls.append(sorted(run_ids))
         done = superlink.RunStatus("x", "finished", "stopped", "", {})
         return {rid: done for rid in run_ids}
 
-    monkeypatch.setattr(tasks.superlink, "runs_status", runs_status)
+    monkeypatch.setattr(services.superlink, "runs_status", runs_status)
     tasks.job_reconcile_all_task()
     assert calls == [sorted([first.flower_run_id, "42"])]
     assert set(FederatedJob.objects.values_list("status", flat=True)) == {JobStatus.STOPPED}
