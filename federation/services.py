@@ -192,7 +192,8 @@ def job_submit(
 
 def job_run_config(job: FederatedJob) -> contract.RunConfig:
     """The Flower run config of ``job`` (``frp_flwr.contract.RunConfig``): job spec (sites →
-    store keys), callback URL, hyper-parameters. It reaches every SuperNode: no secret in it."""
+    store keys), callback URL, hyper-parameters, the launch nonce. It reaches every SuperNode: no
+    secret in it."""
     spec = contract.JobSpec(
         sites={
             js.site.slug: contract.SitePointer(
@@ -222,6 +223,7 @@ def job_run_config(job: FederatedJob) -> contract.RunConfig:
             if settings.FRP_REPLY_LOG_DIR
             else ""
         ),
+        launch_nonce=job.launch_nonce,
     )
 
 

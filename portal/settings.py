@@ -293,6 +293,8 @@ FRP_ACCOUNTING_SWEEP_GRACE_SECONDS = env.float("FRP_ACCOUNTING_SWEEP_GRACE_SECON
 FRP_FLWR_HOME = Path(env.str("FRP_FLWR_HOME", default=str(VAR_DIR / "flwr-control")))
 FRP_FEDERATION_NAME = env.str("FRP_FEDERATION_NAME", default="local")
 FRP_FLWR_APP_DIR = BASE_DIR / "federation" / "flwr_app"
+# The embedded default's local federation (federation_up / federation_down / supernode_restart).
+FRP_FEDERATION_DIR = Path(env.str("FRP_FEDERATION_DIR", default=str(VAR_DIR / "federation")))
 # The URL the ServerApp posts round metrics to (signed, see federation/callbacks.py).
 FRP_CALLBACK_BASE_URL = env.str("FRP_CALLBACK_BASE_URL", default="http://127.0.0.1:8000")
 # The platform callback key (ADR 0014): held by the portal and the SuperLink's environment only.
