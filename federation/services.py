@@ -683,24 +683,26 @@ def jobs_reconcile(*, batch: int = 50) -> int:
         .order_by("created_at")
         .values_list("pk", "status", "flower_run_id")[:batch]
     )
-    if not jobs:
-        return 0
     conn = superlink_connection()
     asks = [pk for pk, status, run_id in jobs if run_id or status == JobStatus.LAUNCHING]
-    newest: list[superlink.RunStatus] = []
     statuses: dict[str, superlink.RunStatus] = {}
-    if asks:
-        run_ids = [run_id for _, _, run_id in jobs if run_id]
-        try:
-            newest = superlink.runs_list(conn, limit=max(100, 2 * len(jobs)))
-            statuses = superlink.runs_status(conn, run_ids, newest=newest)
-        except superlink.SuperLinkUnreachable as exc:
+    try:
+        # Read even with no active job: a run no job holds is stopped in any case.
+        newest = superlink.runs_list(conn, limit=max(100, 2 * len(jobs)))
+        if asks:
+            statuses = superlink.runs_status(
+                conn, [run_id for _, _, run_id in jobs if run_id], newest=newest
+            )
+    except superlink.SuperLinkUnreachable as exc:
+        if asks:  # queued jobs wait: none is launched into a SuperLink that does not answer
             log.warning("reconcile: the SuperLink did not answer: %s", exc)
             superlink_unreachable(job_ids=asks, error=str(exc))
-            return len(jobs)
-        except superlink.SuperLinkError as exc:
+        return len(jobs)
+    except superlink.SuperLinkError as exc:
+        if jobs:
             log.warning("reconcile: the SuperLink refused: %s", exc)
-            return len(jobs)
+        return len(jobs)
+    if asks:
         superlink_answered(job_ids=asks)
     for pk, _, run_id in jobs:
         job_reconcile(job_id=pk, run=statuses.get(run_id), runs=newest)

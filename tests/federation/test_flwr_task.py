@@ -450,3 +450,30 @@ def test_plan_above_the_coalition_budget_keeps_one_cycle():
 
     assert (method, permutations) == ("gtg", 50)
     assert len(coalitions) <= 50 * 50 + 52
+
+
+@pytest.mark.parametrize(
+    ("reason", "sentence"),
+    [
+        (
+            "<class 'frp_flwr.task.SiteDataError'>:<'site 'hospital-a': KeyError: no key'>",
+            "Site 'hospital-a': KeyError: no key.",
+        ),
+        (
+            "<class 'ZeroDivisionError'>:<'division by zero'>",
+            "ZeroDivisionError: division by zero.",
+        ),
+        (
+            "Error: Node Unavailable — The destination node failed to report a heartbeat within "
+            "2 × its expected interval.",
+            "Its SuperNode went offline (no heartbeat reached the SuperLink in time).",
+        ),
+        (
+            "Error: Reply Message Unavailable - The reply message has expired.",
+            "Reply Message Unavailable - The reply message has expired.",
+        ),
+        ("", "Unknown error."),
+    ],
+)
+def test_readable_error_turns_flowers_reasons_into_sentences(reason, sentence):
+    assert task.readable_error(reason) == sentence
