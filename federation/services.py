@@ -474,10 +474,20 @@ def _record_contribution(
     job.save(update_fields=["final_metrics"])
 
 
+def _sentence(text: str) -> str:
+    """``text`` with a capital first letter and a full stop at the end (``""`` stays ``""``)."""
+    text = text.strip()
+    if not text:
+        return ""
+    text = text[:1].upper() + text[1:]
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
 def _record_failed(job: FederatedJob, sites: dict[str, JobSite], event: contract.Failed):
-    """The ServerApp's reason for giving up (the SuperLink's status still ends the job)."""
+    """The ServerApp's reason for giving up (the SuperLink's status still ends the job); the
+    job's status detail says it as a sentence."""
     job.failure_reason = event.reason[:4000]
-    job.status_detail = job.failure_reason
+    job.status_detail = _sentence(job.failure_reason)
     job.save(update_fields=["failure_reason", "status_detail"])
 
 
@@ -775,7 +785,10 @@ def _job_finish(
     elif status == JobStatus.COMPLETED:
         job.status_detail = f"Flower run {run.run_id} completed"
     elif status == JobStatus.FAILED and not job.status_detail.startswith("the run finished"):
-        job.status_detail = job.failure_reason or run.details or f"Flower run {run.run_id} failed"
+        details = run.details.strip().rstrip(".")
+        job.status_detail = _sentence(job.failure_reason) or (
+            f"Flower run {run.run_id} failed" + (f": {details}." if details else ".")
+        )
     else:
         job.status_detail = f"Flower run {run.run_id} {run.sub_status}"
     job.save(

@@ -50,4 +50,4 @@ def test_stack_killed_mid_job_and_restarted_reconciles_the_job_to_failed(world, 
         job = fs.wait_terminal(job.pk, timeout=600, world=world)
 
         assert job.status == JobStatus.FAILED
-        assert job.status_detail and "<class" not in job.status_detail, job.status_detail
+        assert fs.is_sentence(job.status_detail), job.status_detail

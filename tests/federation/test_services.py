@@ -325,7 +325,7 @@ def test_reconcile_keeps_serverapp_failure_reason(world, fake_superlink, launch)
     record(job, {"event": "failed", "reason": "only 1 of 2 sites"})
     fake_superlink.status = superlink.RunStatus("7", "finished", "failed", "ServerApp exited", {})
     job = services.job_reconcile(job_id=job.pk)
-    assert job.status == JobStatus.FAILED and job.status_detail == "only 1 of 2 sites"
+    assert job.status == JobStatus.FAILED and job.status_detail == "Only 1 of 2 sites."
 
 
 def test_reconcile_requeues_stale_launch(world, fake_superlink):
