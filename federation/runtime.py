@@ -5,8 +5,9 @@ its store URL and its keyring directory through ``--node-config`` (so the Client
 site's data). Only the SuperLink gets the environment its ServerApps sign callbacks with
 (``superlink_env``, ADR 0014): the callback key's variables are removed from every SuperNode's
 environment. Every process runs with umask 077, so the SuperLink's database, the homes and the logs
-are 0600 files in 0700 folders. The state file (``<root>/federation.json``) records pids, ports and log files so other
-processes (the portal, tests, benchmarks) can find and stop it. Imports no Django.
+are 0600 files in 0700 folders. The state file (``<root>/federation.json``) records pids, ports, log files
+and how each SuperNode was started, so other processes (the portal, tests, benchmarks) can find and
+stop it, and restart one site's SuperNode alone (``supernode_restart``). Imports no Django.
 
 Each SuperLink and SuperNode starts a SuperExec child that polls for a task to launch (a ServerApp
 or ClientApp process, one per message in flwr 1.42) every ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``
@@ -23,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -67,6 +69,9 @@ class FederationState:
     superlink_pid: int
     supernodes: dict[str, int] = field(default_factory=dict)  # site → pid
     logs: dict[str, str] = field(default_factory=dict)  # process name → log file
+    sites: dict[str, dict] = field(default_factory=dict)  # site → its LocalSite fields
+    host: str = "127.0.0.1"
+    node_env: dict[str, str] = field(default_factory=dict)  # extra environment of every SuperNode
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -174,45 +179,114 @@ def start(
         superlink_address=f"{host}:{port}",
         superlink_pid=superlink.pid,
         logs={"superlink": str(sl_log)},
+        host=host,
+        node_env=poll_env,
     )
     try:
         _wait_port(host, port, 60, superlink, sl_log)
         for site in sites:
-            node_port = free_port(host)
-            log = logs / f"supernode-{site.site}.log"
-            node_config = f'site="{site.site}" store="{site.store_url}" keyring="{site.keyring}"'
-            if site.received_log:
-                node_config += f' received-log="{site.received_log}"'
-            proc = subprocess.Popen(
-                [
-                    _bin("flower-supernode"),
-                    "--insecure",
-                    "--superlink",
-                    state.superlink_address,
-                    "--host",
-                    host,
-                    "--port",
-                    str(node_port),
-                    "--node-config",
-                    node_config,
-                ],
-                env=_env(root / f"supernode-{site.site}-home", poll_env),
-                stdout=_log(log),
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                umask=0o077,
-            )
-            state.supernodes[site.site] = proc.pid
-            state.logs[f"supernode-{site.site}"] = str(log)
-            _wait_port(host, node_port, 60, proc, log)
+            _start_supernode(state, site)
     except Exception:
         stop(state)
         raise
-    with os.fdopen(
-        os.open(root / "federation.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w"
-    ) as fh:
-        fh.write(json.dumps(asdict(state), indent=2))
+    _save(state)
     return state
+
+
+def _save(state: FederationState) -> None:
+    path = Path(state.root) / "federation.json"
+    tmp = path.with_suffix(".json.tmp")
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+        fh.write(json.dumps(asdict(state), indent=2))
+    os.replace(tmp, path)
+
+
+def _start_supernode(state: FederationState, site: LocalSite) -> int:
+    """Start ``site``'s SuperNode against the state's SuperLink; record it; return its pid."""
+    root, host = Path(state.root), state.host
+    node_port = free_port(host)
+    log = root / "logs" / f"supernode-{site.site}.log"
+    node_config = f'site="{site.site}" store="{site.store_url}" keyring="{site.keyring}"'
+    if site.received_log:
+        node_config += f' received-log="{site.received_log}"'
+    proc = subprocess.Popen(
+        [
+            _bin("flower-supernode"),
+            "--insecure",
+            "--superlink",
+            state.superlink_address,
+            "--host",
+            host,
+            "--port",
+            str(node_port),
+            "--node-config",
+            node_config,
+        ],
+        env=_env(root / f"supernode-{site.site}-home", state.node_env),
+        stdout=_log(log),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        umask=0o077,
+    )
+    state.supernodes[site.site] = proc.pid
+    state.logs[f"supernode-{site.site}"] = str(log)
+    state.sites[site.site] = asdict(site)
+    _wait_port(host, node_port, 60, proc, log)
+    return proc.pid
+
+
+def _end_group(pid: int, timeout: float) -> None:
+    """SIGTERM to ``pid``'s process group, SIGKILL when it has not ended within ``timeout`` s."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _alive(pid) and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.1)
+    if _alive(pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+_NODE_ID_RE = re.compile(rb"SuperNode ID: (\d+)")
+
+
+def node_sites(state: FederationState) -> dict[str, str]:
+    """Node id → site of every SuperNode this federation started (restarts included), read from
+    the SuperNodes' logs (flwr 1.42 logs ``SuperNode ID: N`` when it registers)."""
+    out: dict[str, str] = {}
+    for site in state.supernodes:
+        path = Path(state.logs.get(f"supernode-{site}", ""))
+        if path.is_file():
+            with contextlib.suppress(OSError):
+                for node_id in _NODE_ID_RE.findall(path.read_bytes()):
+                    out[node_id.decode()] = site
+    return out
+
+
+def supernode_restart(root: Path, site: str, *, timeout: float = 10.0) -> int:
+    """Restart ``site``'s SuperNode alone: the SuperLink and the other sites' SuperNodes (and the
+    runs they serve) are not touched. Its old process group (if still alive) is ended first
+    (SIGTERM, then SIGKILL after ``timeout`` s). Returns the new pid.
+
+    The SuperNode registers again and gets a new node id from the SuperLink (flwr 1.42); the
+    next job's discovery maps the site to it. Raises ``RuntimeError_`` for a site the local
+    federation does not run, or when the new process does not come up.
+    """
+    state = load_state(root)
+    if site not in state.supernodes:
+        known = ", ".join(sorted(state.supernodes)) or "none"
+        raise RuntimeError_(f"the local federation runs no SuperNode for site {site!r} ({known})")
+    if site not in state.sites:
+        raise RuntimeError_(
+            f"{root / 'federation.json'} does not record how site {site!r} was started "
+            "(it predates restarts): restart the federation once with federation_down/up"
+        )
+    _end_group(state.supernodes[site], timeout)
+    pid = _start_supernode(state, LocalSite(**state.sites[site]))
+    _save(state)
+    return pid
 
 
 def load_state(root: Path) -> FederationState:
@@ -253,6 +327,8 @@ def stop(state: FederationState, *, timeout: float = 10.0) -> None:
         if _alive(pid):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
     path = Path(state.root) / "federation.json"
     if path.exists():
         path.unlink()
