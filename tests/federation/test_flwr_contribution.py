@@ -3,7 +3,7 @@
 The Grid stands in for the SuperLink: it answers each ``evaluate.coalitions`` message as a site would
 (scoring every stacked model on that site's own held-out data with ``task.loss_and_accuracy``).
 Expected utilities come from an independent computation: each coalition model scored on each
-site's held-out rows, and the median over the sites of those accuracies (ADR 0017: a site's scores
+site's held-out rows, and the median over the sites of those accuracies (ADR 0019: a site's scores
 of coalitions that include itself cannot be verified, so no single site decides the utility).
 """
 

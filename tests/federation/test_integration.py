@@ -217,7 +217,7 @@ def test_contribution_scores_from_the_real_run(outcome):
     run = contribution["utilities"]["0"]
     assert set(run) == {"", "0", "1", "0,1"}
     # The full coalition's rebuilt model is the real final model: its utility is the median over
-    # the sites (ADR 0017) of the accuracy each site measured for the final model.
+    # the sites (ADR 0019) of the accuracy each site measured for the final model.
     per_site = [js.final_metrics["eval_accuracy"] for js in outcome.sites]
     assert len(per_site) == 2
     assert run["0,1"] == pytest.approx(float(np.median(per_site)), abs=1e-9)

@@ -8,7 +8,7 @@ Flow of one run (one portal job):
    naming both. Participating sites also return federated standardisation statistics and labels.
    The portal's answer to ``started`` gives each site's limits (rows registered at ingest,
    allocated cores): every reply's example count and CPU/wall seconds are checked against them
-   and the time measured here (ADR 0017); a site out of bounds is faulty and dropped.
+   and the time measured here (ADR 0019); a site out of bounds is faulty and dropped.
 2. **Rounds** — FedAvg (McMahan et al. 2017, "Communication-Efficient Learning of Deep Networks from
    Decentralized Data"), using Flower's ``FedAvg`` aggregation, over the job's nodes only (other jobs'
    sites on the same SuperLink are never sampled). Each round: train, then federated evaluation on
@@ -27,7 +27,7 @@ Flow of one run (one portal job):
    each site's returned weights. After ``finished`` it rebuilds coalition models without retraining
    (``task.coalition_run_model``; per round too within a model budget), sends them all to every remaining
    site in ONE ``evaluate.coalitions`` message, and posts a ``contribution`` event with
-   utility(S) = the median over the sites of S's model's held-out accuracy (ADR 0017). The portal computes the
+   utility(S) = the median over the sites of S's model's held-out accuracy (ADR 0019). The portal computes the
    Shapley values. A failure here is reported in the event and does not fail the run.
 
 Polling: ``Grid.send_and_receive`` sleeps 3 s between pulls; this app pushes and pulls itself every
@@ -83,6 +83,7 @@ from frp_flwr.task import (
     coalition_models,
     combine_sums,
     init_params,
+    readable_error,
     sanitise,
     sort_classes,
     stack_models,
@@ -232,7 +233,7 @@ def exchange(grid: Grid, messages: list[Message], *, timeout: float, poll: float
             out.elapsed[node] = time.monotonic() - t0
             REPLY_LOG.write(node, reply)
             if reply.has_error():
-                out.errors[node] = sanitise(reply.error.reason or "unknown error")
+                out.errors[node] = sanitise(readable_error(reply.error.reason))
             else:
                 out.replies[node] = reply
         if pending:
@@ -593,6 +594,14 @@ def _refuse_unfit_entries(sites_out: dict[str, dict]) -> None:
             refuse(biggest, f"its counts overflow the round's total ({exc})")
 
 
+def _without_site(error: str, site: str) -> str:
+    """``error`` without its leading ``site 'x':`` (the sentence names the site already)."""
+    prefix = f"site {site!r}: "
+    if error.lower().startswith(prefix):
+        error = error[len(prefix) :]
+    return error[:1].upper() + error[1:]
+
+
 @dataclass
 class _Run:
     """What one run carries from step to step (see :func:`run_job`).
@@ -606,7 +615,7 @@ class _Run:
     latest evaluation; ``aggregate_eval``: the latest round's federated evaluation
     (``eval_loss``, ``eval_accuracy``: finite or ``None``; ``eval_examples``); ``limits``: the
     portal's :class:`SiteLimits` per site and ``train_check``/``test_check`` the bounds on
-    replies built from them (ADR 0017); ``faulty``: site → reason of the sites refused after
+    replies built from them (ADR 0019); ``faulty``: site → reason of the sites refused after
     discovery (reported with round 1), ``site_node`` their node ids.
     """
 
@@ -682,7 +691,7 @@ def _discover_sites(grid: Grid, cfg: RunConfig, reporter: Reporter) -> _Discover
         )
     )
     # What the portal knows of each site (rows registered at ingest, allocated cores) bounds what
-    # the site may report (ADR 0017); a site out of bounds is faulty and left out.
+    # the site may report (ADR 0019); a site out of bounds is faulty and left out.
     limits = answer.limits
     classes = len(sort_classes({c for s in active for c in site_reply[s][0].labels}))
     faulty: dict[str, str] = {}
@@ -698,12 +707,13 @@ def _discover_sites(grid: Grid, cfg: RunConfig, reporter: Reporter) -> _Discover
             faulty[site] = f"faulty discovery reply, refused: {problem}"
             active.pop(site)
     if len(active) < spec.min_sites:
-        problems = [f"{s}: not connected" for s in missing] + [
-            f"{s}: {e}" for s, e in sorted({**site_error, **faulty}.items())
+        problems = [f"{s} is not connected." for s in missing] + [
+            f"{s} could not take part: {_without_site(e, s)}"
+            for s, e in sorted({**site_error, **faulty}.items())
         ]
         raise JobFailed(
-            f"only {len(active)} of {len(spec.sites)} sites ready (need {spec.min_sites}); "
-            + "; ".join(problems)
+            f"Only {len(active)} of {len(spec.sites)} sites could take part, and the job needs "
+            f"{spec.min_sites}. " + " ".join(problems)
         )
     return _Discovered(active, site_reply, site_node, limits, faulty)
 
