@@ -395,7 +395,8 @@ def _round_problem(job: FederatedJob, js: JobSite, info: contract.SiteRound, rou
     """Why a site's part of a round cannot be true ("" when it can), from what the portal knows:
     its examples against the dataset version's rows and the job's split (``test_fraction``), its
     seconds against the round's wall time as the ServerApp measured it (or, for a partial round,
-    the time since the job started) and its allocated cores."""
+    the time since the job started; not checked when the portal never started it) and its
+    allocated cores."""
     limits = site_limits(js)
     fraction = contract.RunConfig.test_fraction
     if info.train_examples + info.eval_examples > limits.rows:
@@ -407,9 +408,10 @@ def _round_problem(job: FederatedJob, js: JobSite, info: contract.SiteRound, rou
         lo, hi = contract.held_out_bounds(limits.rows, test_fraction=fraction, classes=limits.rows)
         if not lo <= info.eval_examples <= hi:
             return f"reported {info.eval_examples} test examples of {limits.rows} rows"
-    if round_wall is None:
-        started = job.started_at or job.created_at
-        round_wall = max((timezone.now() - started).total_seconds(), 0.0)
+    if round_wall is None:  # a partial round: the time since the job started bounds it
+        if job.started_at is None:
+            return ""  # never launched by the portal: no clock of its own to compare with
+        round_wall = max((timezone.now() - job.started_at).total_seconds(), 0.0)
     return contract.metering_problem(info.cpu_seconds, info.wall_seconds, round_wall, limits)
 
 
