@@ -107,6 +107,7 @@ class _Profile:
             [[p.slots, p.capacity.cores, p.capacity.memory_gib, p.capacity.gpus] for p in pools],
             dtype=float,
         ).reshape(len(pools), 4)
+        self.cap_rows = self.cap.tolist()
         self.free = np.repeat(self.cap[:, :, None], T, axis=2)
         self.avail = np.array(
             [_series(p.available, T, 1.0) > 0.5 for p in pools], dtype=bool
@@ -114,6 +115,7 @@ class _Profile:
         self.favail = np.array(
             [_series(p.foreign_available, T, 0.0) > 0.5 for p in pools], dtype=bool
         ).reshape(len(pools), T)
+        self.open_foreign = self.avail | self.favail
         self.online = np.array([p.online for p in pools], dtype=bool)
         self.inst = [p.institution for p in pools]
         self.quota_free: dict[tuple[str, int], np.ndarray] = {}
@@ -123,7 +125,7 @@ class _Profile:
             self.running_end[run.id] = end
             self._take(run.project, run.demands, 0, end, sign=-1.0)
         self.base_free = self.free.copy()
-        mult = price_multipliers(snapshot, self.free, self.cap, self.avail | self.favail)
+        mult = price_multipliers(snapshot, self.free, self.cap, self.open_foreign)
         price = np.array([_series(p.price, T, 0.0) for p in pools]).reshape(len(pools), T)
         carbon = np.array([_series(p.carbon, T, 0.0) for p in pools]).reshape(len(pools), T)
         self.price = price * mult  # currency per service unit per hour, per step
@@ -164,30 +166,30 @@ class _Request:
 
     def __init__(self, job: Job, prof: _Profile):
         self.job = job
-        self.pids = [p for p in job.demands]
-        self.idx = np.array([prof.index[p] for p in self.pids], dtype=int)
-        self.demand = np.array([job.demands[p].vector() for p in self.pids], dtype=float)
-        self.d = max(1, math.ceil(job.duration_s / prof.step_s))
-        self.frac = job.duration_s / (self.d * prof.step_s) if job.duration_s > 0 else 0.0
+        self.pids = list(job.demands)
+        self.idx = [prof.index[p] for p in self.pids]
         account = prof.snapshot.accounts.get(job.project)
         home = account.institution if account else None
-        foreign = np.array([prof.inst[i] != home for i in self.idx], dtype=bool)
-        self.allowed = prof.avail[self.idx] | (prof.favail[self.idx] & foreign[:, None])
-        pools = [prof.pools[i] for i in self.idx]
-        r = [job.demands[p] for p in self.pids]
-        self.su = np.array(
-            [
-                p.cpu_weight * x.cores + p.memory_weight * x.memory_gib + p.gpu_weight * x.gpus
-                for p, x in zip(pools, r, strict=True)
-            ]
-        )
-        self.kw = np.array(
-            [
-                (p.watts_per_core * x.cores + p.watts_per_gpu * x.gpus) / 1000.0
-                for p, x in zip(pools, r, strict=True)
-            ]
-        )
-        self.energy_kwh = float(self.kw.sum()) * job.duration_s / 3600.0
+        self.has_quota = bool(account and any(p in account.quotas for p in self.pids))
+        # (pool row, open-steps row, [(resource row, amount), …] of what the job asks for).
+        self.needs = []
+        su, kw = [], []
+        for pid, i in zip(self.pids, self.idx, strict=True):
+            x = job.demands[pid]
+            pool = prof.pools[i]
+            rows = [(r, v - _EPS) for r, v in enumerate(x.vector()) if v > 0]
+            opened = prof.open_foreign[i] if prof.inst[i] != home else prof.avail[i]
+            self.needs.append((i, opened, rows))
+            su.append(
+                pool.cpu_weight * x.cores
+                + pool.memory_weight * x.memory_gib
+                + pool.gpu_weight * x.gpus
+            )
+            kw.append((pool.watts_per_core * x.cores + pool.watts_per_gpu * x.gpus) / 1000.0)
+        self.su, self.kw = su, kw
+        self.d = max(1, math.ceil(job.duration_s / prof.step_s))
+        self.frac = job.duration_s / (self.d * prof.step_s) if job.duration_s > 0 else 0.0
+        self.energy_kwh = sum(kw) * job.duration_s / 3600.0
         if job.deadline_s is None:
             self.last_start = prof.steps
         else:
@@ -195,12 +197,32 @@ class _Request:
                 (job.deadline_s - job.duration_s - prof.snapshot.now_s) / prof.step_s + _EPS
             )
 
+    def _fits(self, free: np.ndarray, lo: int, hi: int, windows: bool = True) -> np.ndarray:
+        """Per step in ``[lo, hi)``: every pool is open to the job (unless not ``windows``) and
+        has its demand free in ``free``."""
+        ok = np.ones(hi - lo, dtype=bool)
+        for i, opened, rows in self.needs:
+            if windows:
+                ok &= opened[lo:hi]
+            for r, v in rows:
+                ok &= free[i, r, lo:hi] >= v
+        return ok
+
+    def open_now(self) -> bool:
+        """Every pool is open to the job for its whole run from now."""
+        return all(opened[: self.d].all() for _, opened, _ in self.needs)
+
     def _quota_ok(self, prof: _Profile, lo: int, hi: int) -> np.ndarray:
         ok = np.ones(hi - lo, dtype=bool)
-        for k, pid in enumerate(self.pids):
+        if not self.has_quota:
+            return ok
+        for pid in self.pids:
             q = prof._quota(self.job.project, pid)
             if q is not None:
-                ok &= (q[:, lo:hi] >= self.demand[k, 1:, None] - _EPS).all(axis=0)
+                need = self.job.demands[pid].vector()[1:]
+                for r in range(3):
+                    if need[r] > 0:
+                        ok &= q[r, lo:hi] >= need[r] - _EPS
         return ok
 
     def fits_now(self, prof: _Profile, free: np.ndarray | None = None) -> bool:
@@ -209,47 +231,62 @@ class _Request:
         if d > prof.steps:
             return False
         free = prof.free if free is None else free
-        if not self.allowed[:, :d].all():
+        if not self._fits(free, 0, d).all():
             return False
-        if not (free[self.idx, :, :d] >= self.demand[:, :, None] - _EPS).all():
-            return False
-        return bool(self._quota_ok(prof, 0, d).all())
+        return not self.has_quota or bool(self._quota_ok(prof, 0, d).all())
 
     def starts(self, prof: _Profile) -> np.ndarray:
         """Boolean mask over start steps ``0 … steps−d``: the whole run fits there (gang)."""
         d, steps = self.d, prof.steps
         if d > steps:
             return np.zeros(0, dtype=bool)
-        ok = (prof.free[self.idx] >= self.demand[:, :, None] - _EPS).all(axis=1)
-        ok = (ok & self.allowed).all(axis=0) & self._quota_ok(prof, 0, steps)
-        bad = np.concatenate([[0], np.cumsum(~ok)])
+        ok = self._fits(prof.free, 0, steps)
+        if self.has_quota:
+            ok &= self._quota_ok(prof, 0, steps)
+        bad = np.empty(steps + 1, dtype=np.int32)
+        bad[0] = 0
+        np.cumsum(~ok, out=bad[1:])
         return (bad[d:] - bad[:-d]) == 0
+
+    def _window_sums(self, cum: np.ndarray, weights: list[float]) -> np.ndarray:
+        d = self.d
+        out = np.zeros(cum.shape[1] - d)
+        for (i, _, _), w in zip(self.needs, weights, strict=True):
+            if w:
+                out += w * (cum[i, d:] - cum[i, :-d])
+        return out * self.frac
 
     def costs(self, prof: _Profile) -> np.ndarray:
         """Cost of a start at each step ``0 … steps−d`` (currency)."""
-        c = prof.cum_price[self.idx]
-        return (self.su @ (c[:, self.d :] - c[:, : -self.d])) * self.frac
+        return self._window_sums(prof.cum_price, self.su)
 
     def emissions(self, prof: _Profile) -> np.ndarray:
         """gCO2e of a start at each step ``0 … steps−d``."""
-        c = prof.cum_carbon[self.idx]
-        return (self.kw @ (c[:, self.d :] - c[:, : -self.d])) * self.frac
+        return self._window_sums(prof.cum_carbon, self.kw)
 
     def cost_at(self, prof: _Profile, t: int) -> float:
-        c = prof.cum_price[self.idx]
-        return float(self.su @ (c[:, t + self.d] - c[:, t])) * self.frac
+        c = prof.cum_price
+        e = t + self.d
+        return (
+            sum(w * (c[i, e] - c[i, t]) for (i, _, _), w in zip(self.needs, self.su, strict=True))
+            * self.frac
+        )
 
     def emissions_at(self, prof: _Profile, t: int) -> float:
-        c = prof.cum_carbon[self.idx]
-        return float(self.kw @ (c[:, t + self.d] - c[:, t])) * self.frac
+        c = prof.cum_carbon
+        e = t + self.d
+        return (
+            sum(w * (c[i, e] - c[i, t]) for (i, _, _), w in zip(self.needs, self.kw, strict=True))
+            * self.frac
+        )
 
     def why_not_now(self, prof: _Profile) -> Reason:
         d = min(self.d, prof.steps)
-        if not self.allowed[:, :d].all():
+        if not self.open_now():
             return Reason.WINDOW
         if not self._quota_ok(prof, 0, d).all():
             return Reason.QUOTA
-        if (prof.base_free[self.idx, :, :d] >= self.demand[:, :, None] - _EPS).all():
+        if self._fits(prof.base_free, 0, d, windows=False).all():
             return Reason.PRIORITY
         return Reason.RESOURCES
 
@@ -282,7 +319,8 @@ def _unservable(job: Job, prof: _Profile) -> str:
         pool = prof.pools[i]
         if job.gpu_model and r.gpus and pool.gpu_model != job.gpu_model:
             return f"pool {pid} has no {job.gpu_model} GPUs"
-        if any(np.asarray(r.vector()) > prof.cap[i] + _EPS):
+        cap = prof.cap_rows[i]
+        if r.cores > cap[1] + _EPS or r.memory_gib > cap[2] + _EPS or r.gpus > cap[3] + _EPS:
             return f"pool {pid} has less than the job asks for"
     if not job.demands:
         return "the job asks for no pool"
@@ -469,7 +507,7 @@ def _preemption(req: _Request, prof: _Profile, running_by_id, taken: set[int]):
         ),
         key=lambda r: (QOS_LEVELS.get(r.qos, 1), -r.started_s, -r.id),
     )
-    if not candidates or not req.allowed[:, : req.d].all():
+    if not candidates or not req.open_now():
         return None
     free = prof.free.copy()
     chosen = []
