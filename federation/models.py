@@ -158,6 +158,9 @@ class AvailabilityWindow(models.Model):
             )
         ]
 
+    def __str__(self) -> str:
+        return f"{self.get_weekday_display()} {self.start_minute // 60:02d}:{self.start_minute % 60:02d}–{self.end_minute // 60:02d}:{self.end_minute % 60:02d}"
+
 
 class AvailabilityException(models.Model):
     """A dated exception to the weekly windows: the pool is open or closed in ``[start, end)``."""
@@ -175,6 +178,9 @@ class AvailabilityException(models.Model):
                 condition=models.Q(start__lt=models.F("end")), name="exception_start_before_end"
             )
         ]
+
+    def __str__(self) -> str:
+        return f"{self.start:%Y-%m-%d %H:%M}–{self.end:%Y-%m-%d %H:%M} {'open' if self.available else 'closed'}"
 
 
 class PriceBand(models.Model):
@@ -197,6 +203,11 @@ class PriceBand(models.Model):
             )
         ]
 
+    def __str__(self) -> str:
+        return (
+            f"{self.get_weekday_display()} {self.start_minute}–{self.end_minute} min: {self.price}"
+        )
+
 
 class CarbonReading(models.Model):
     """Carbon intensity of the pool's grid from ``at`` (gCO2e/kWh), measured or forecast."""
@@ -216,6 +227,9 @@ class CarbonReading(models.Model):
             ),
         ]
 
+    def __str__(self) -> str:
+        return f"{self.pool_id} {self.at:%Y-%m-%d %H:%M} {self.g_per_kwh:g} g/kWh"
+
 
 class PoolQuota(models.Model):
     """The most a project may hold on a pool at once."""
@@ -230,6 +244,9 @@ class PoolQuota(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["pool", "project"], name="pool_quota_unique")
         ]
+
+    def __str__(self) -> str:
+        return f"{self.project_id} on pool {self.pool_id}: {self.cores} cores"
 
 
 class ProjectAllocation(models.Model):
@@ -259,6 +276,9 @@ class ProjectAllocation(models.Model):
                 name="allocation_budget_non_negative",
             )
         ]
+
+    def __str__(self) -> str:
+        return f"allocation of project {self.project_id}"
 
 
 class SchedulePolicy(models.TextChoices):
