@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import sys
 import time
 from dataclasses import replace
 
@@ -165,7 +166,7 @@ def federation_world(n_jobs: int, seed: int) -> World:
 # --------------------------------------------------------------------------------------------
 
 
-def simulate(world: World, config: Config, policy: Policy | None, *, step_s: float, horizon: int):
+def simulate(world, config, policy, *, step_s: float, horizon: int, progress: bool = False):
     """Replay ``world`` through ``schedule``; return per-job (start, end) and pass times."""
     jobs = sorted(world.jobs, key=lambda j: j.submitted_s)
     if policy is not None:
@@ -207,6 +208,13 @@ def simulate(world: World, config: Config, policy: Policy | None, *, step_s: flo
                     queued.pop(d.job_id)
                     refused.add(d.job_id)
         step += 1
+        if progress and step % 96 == 0:
+            print(
+                f"    … day {step // 96}: {len(queued)} queued, {len(running)} running, "
+                f"{sum(pass_cpu):.0f} s in passes",
+                file=sys.stderr,
+                flush=True,
+            )
         if step > 20 * world.steps_total:
             raise RuntimeError("the simulation does not drain")
     return jobs, start, refused, pass_cpu
@@ -290,7 +298,11 @@ def section_demo(seed: int) -> None:
     w = demo_world(seed)
     out = {}
     by_cores = World(
-        [replace(p, slots=p.capacity.cores) for p in w.pools], w.series, w.jobs, w.accounts, 0
+        [replace(p, slots=p.capacity.cores) for p in w.pools],
+        w.series,
+        w.jobs,
+        w.accounts,
+        w.steps_total,
     )
     arms = (
         ("FCFS", FIFO, w),
@@ -327,7 +339,7 @@ def section_federation(n_jobs: int, seed: int) -> None:
     )
     print(head)
     for name, cfg, pol in runs:
-        jobs, start, refused, cpu = simulate(w, cfg, pol, step_s=STEP, horizon=192)
+        jobs, start, refused, cpu = simulate(w, cfg, pol, step_s=STEP, horizon=192, progress=True)
         m = metrics(w, jobs, start, refused, STEP)
         m["pass_ms"] = (1000 * statistics.fmean(cpu), 1000 * max(cpu))
         rows[name] = m

@@ -139,3 +139,55 @@ def local_sites() -> list[LocalSite]:
         for s in Site.objects.order_by("slug")
         if site_dir(s.slug).exists()
     ]
+
+
+def job_estimates(*, project, versions, num_rounds: int, local_epochs: int, schedule: dict):
+    """For each schedule policy, what the scheduler would plan for this job if submitted now:
+    a list of dicts ``policy``, ``label``, ``action``, ``reason``, ``start``, ``end`` (aware
+    datetimes or ``None``), ``cost`` (``Decimal`` or ``None``), ``energy_kwh``, ``emissions_g``,
+    ``late`` and ``detail``; plus the estimated run time in seconds as ``duration_s``."""
+    from datetime import UTC, datetime
+    from decimal import Decimal
+
+    from federation import admission, scheduling
+    from federation.models import SchedulePolicy
+
+    duration = admission.duration_estimate(
+        model="logreg",
+        num_rounds=num_rounds,
+        local_epochs=local_epochs,
+        rows=max(v.row_count for v in versions),
+    )
+    request = scheduling.Resources(
+        int(schedule["cores"]), float(schedule["memory_gib"]), int(schedule["gpus"])
+    )
+    decisions = admission.policy_estimates(
+        project=project,
+        site_demands={v.dataset.site_id: request for v in versions},
+        duration_s=duration,
+        deadline=schedule.get("deadline"),
+        budget_cap=schedule.get("budget_cap"),
+    )
+
+    def at(seconds):
+        return datetime.fromtimestamp(seconds, tz=UTC) if seconds is not None else None
+
+    rows = []
+    for policy, label in SchedulePolicy.choices:
+        d = decisions[policy]
+        rows.append(
+            {
+                "policy": policy,
+                "label": label,
+                "action": str(d.action),
+                "reason": "" if d.action == "start" else str(d.reason),
+                "start": at(d.start_s),
+                "end": at(d.end_s),
+                "cost": Decimal(str(round(d.cost, 2))) if d.cost is not None else None,
+                "energy_kwh": d.energy_kwh,
+                "emissions_g": d.emissions_g,
+                "late": d.late,
+                "detail": d.detail,
+            }
+        )
+    return {"duration_s": duration, "rows": rows}
