@@ -12,6 +12,8 @@ Contract:
   traffic, so the portal's per-site usage comes from the ClientApp's own metering and these totals
   serve only as a run-level cross-check.
 - ``run_stop(run_id)`` asks the SuperLink to stop a run.
+- ``nodes_list()`` returns the SuperNodes (``flwr supernode ls``) with their online status: the
+  health of each site's pool.
 
 Every call uses ``--format json`` and checks ``success`` (the CLI exits 0 even on error). Failures
 raise ``SuperLinkError`` with the CLI's message. Nothing outside this module sees the CLI or its JSON.
@@ -172,3 +174,34 @@ def runs_status(conn: Connection, run_ids: list[str]) -> dict[str, RunStatus]:
 def run_stop(conn: Connection, run_id: str) -> None:
     """Ask the SuperLink to stop a run (idempotent on the portal side)."""
     _call(conn, ["stop", str(run_id), conn.federation])
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """A SuperNode as ``flwr supernode ls`` reports it: ``online`` when its status is
+    ``online``; ``online_at`` / ``offline_at`` as the CLI prints them (UTC text or ``N/A``)."""
+
+    node_id: str
+    status: str
+    online_at: str
+    offline_at: str
+
+    @property
+    def online(self) -> bool:
+        return self.status == "online"
+
+
+def nodes_list(conn: Connection) -> dict[str, NodeStatus]:
+    """The federation's SuperNodes by node id (uint64 as text): ``flwr supernode ls``.
+    Raises ``SuperLinkError`` when the SuperLink fails."""
+    payload = _call(conn, ["supernode", "ls", conn.federation])
+    out = {}
+    for node in payload.get("nodes") or []:
+        node_id = str(node.get("node-id", ""))
+        out[node_id] = NodeStatus(
+            node_id=node_id,
+            status=str(node.get("status", "")),
+            online_at=str(node.get("online-at", "")),
+            offline_at=str(node.get("offline-at", "")),
+        )
+    return out
