@@ -9,7 +9,8 @@ Sections (every ratio's baseline is run in this process on the same input):
 
 1. **Demo federation**: 50 one-round jobs over the demo's three pools (2 slots, 8 cores each),
    each job on 2 or 3 of the sites (seeded), 60–80 s each (the measured one-round time).
-   FCFS (``Config(order="fifo", backfill=False)``, what ``federation/scheduler.py`` did) against
+   FCFS (``Config(order="fifo", backfill=False)``: submission order, a job never overtaken on
+   a pool it shares with an earlier waiting job — what ``federation/scheduler.py`` did) against
    the multifactor scheduler with EASY backfill, then the same with the pools described by their
    resources (a slot per core, each job 1 core per site): makespan and core utilisation.
 2. **Federation of 50 pools, two weeks**: ``--jobs`` jobs (default 10,000) from 10 institutions
@@ -23,7 +24,7 @@ Sections (every ratio's baseline is run in this process on the same input):
    solar midday dip — plus 5 % seeded noise; 10 W per core. Perfect forecasts, actual run time =
    estimate. The simulator steps 15 minutes, calls one scheduler pass per step on a snapshot
    with a 2-day horizon, starts what it says, and ends jobs at their durations.
-   Per policy (FIFO baseline; then priority + backfill with every job ASAP, CHEAPEST, GREENEST):
+   Per policy (FIFO baseline, first come first served per pool as above; then priority + backfill with every job ASAP, CHEAPEST, GREENEST):
    utilisation (busy core-hours ÷ open core-hours from the first arrival to the makespan), mean
    and p95 wait (h), deadline misses (%), cost, emissions (t CO2e), Jain's fairness index over
    institutions of their mean bounded slowdown ((wait + run)/max(run, 10 min)), and ratios.

@@ -19,8 +19,9 @@ Algorithm (per pass):
    - EASY backfill (Lifka 1995; Mu'alem & Feitelson, IEEE TPDS 12(6), 2001): the first job that
      cannot start now (the head) gets a reservation (PLAN) at its earliest start; later jobs start
      now only where the profile *with that reservation* still has room, so backfill never delays
-     the head. Time-shifted jobs reserve their chosen start too. Without backfill the first
-     blocked job stops every later one (strict order).
+     the head. Time-shifted jobs reserve their chosen start too. Without backfill a blocked job
+     stops every later job that shares one of its pools (first come, first served per pool, as
+     the portal admitted jobs before this scheduler).
    - Budgets: starts whose cost exceeds ``Job.budget_cap`` are not considered; a job with none
      left is REFUSED (Budget). A job whose cost exceeds its project's remaining budget (less what
      this pass already started or planned) WAITs (Budget).
@@ -345,7 +346,7 @@ def schedule(snapshot: Snapshot, config: Config | None = None) -> list[Decision]
     preempted: list[Decision] = []
     decisions: list[Decision] = []
     head_reserved = False
-    blocked = False
+    blocked: set[int] = set()  # pools behind a blocked job (no backfill: nobody overtakes there)
     step, now = prof.step_s, snapshot.now_s
 
     def decide(req, prio, action, reason, t, late=False, detail="", cost=None, em=None):
@@ -381,7 +382,7 @@ def schedule(snapshot: Snapshot, config: Config | None = None) -> list[Decision]
             detail = "SuperNode offline at pool(s) " + ", ".join(map(str, down))
             decisions.append(decide(req, prio, Action.WAIT, Reason.NODE_DOWN, None, detail=detail))
             continue
-        if not config.backfill and blocked:
+        if not config.backfill and blocked.intersection(job.demands):
             decisions.append(decide(req, prio, Action.WAIT, Reason.PRIORITY, None))
             continue
         # Fast path: an ASAP job without a cap that cannot start now and needs no estimate.
@@ -451,7 +452,7 @@ def schedule(snapshot: Snapshot, config: Config | None = None) -> list[Decision]
             decisions.append(
                 decide(req, prio, Action.WAIT, reason, None, detail="no start within the horizon")
             )
-            blocked = True
+            blocked.update(job.demands)
             continue
         cost = req.cost_at(prof, t)
         left = budget_left.get(job.project)
@@ -485,7 +486,8 @@ def schedule(snapshot: Snapshot, config: Config | None = None) -> list[Decision]
             if left is not None:
                 budget_left[job.project] = left - cost
             head_reserved = head_reserved or not shifted
-            blocked = blocked or not shifted
+            if not shifted:
+                blocked.update(job.demands)
             decisions.append(decide(req, prio, Action.PLAN, reason, t, late, cost=cost))
         else:
             decisions.append(decide(req, prio, Action.WAIT, reason, t, late, cost=cost))

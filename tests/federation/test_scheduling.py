@@ -98,6 +98,19 @@ def test_fifo_without_backfill_stops_behind_blocked_head():
     assert (d[2].action, d[2].reason) == (Action.WAIT, Reason.PRIORITY)
 
 
+def test_fifo_blocks_only_the_pools_of_the_blocked_job():
+    # First come, first served per pool (the portal's admission before this scheduler): job 1
+    # waits for pool 1, job 2 on pool 1 stays behind it, job 3 on pool 2 alone starts.
+    pools = [Pool(1, "a", R(4, 8), slots=4), Pool(2, "b", R(4, 8))]
+    running = [Running(90, "q", {1: R(4)}, NOW - 100, at(3))]
+    jobs = [job(1, {1: R(2)}, t=0), job(2, {1: R(1)}, t=5), job(3, {2: R(1)}, t=10)]
+    cfg = Config(order="fifo", backfill=False)
+    d = by_id(schedule(snap(pools, jobs, running), cfg))
+    assert (d[1].action, d[1].start_s) == (Action.PLAN, at(3))
+    assert (d[2].action, d[2].reason) == (Action.WAIT, Reason.PRIORITY)
+    assert d[3].action is Action.START
+
+
 def test_slots_limit_concurrent_jobs():
     pools = [Pool(1, "a", R(16, 64), slots=1)]
     d = by_id(schedule(snap(pools, [job(1, {1: R(1)}, t=0), job(2, {1: R(1)}, t=5)])))
