@@ -14,6 +14,7 @@ from django.views.decorators.http import require_POST
 from federation import callbacks, selectors, services
 from federation.forms import JobScheduleForm, JobSubmitForm
 from federation.models import FederatedJob, ModelRelease, ReleaseStatus
+from federation.pool_selectors import REASONS
 from frp_flwr import contract
 from frp_flwr.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, SignatureError, verify
 from portal import panels
@@ -112,6 +113,8 @@ def job_detail(request, pk: int):
         "is_member": can(request.user, "project.view", job.project),
         "release": release,
         "release_waiting": selectors.release_waiting_sites(job=job, release=release),
+        "energy": selectors.job_energy(job=job) if job.started_at else [],
+        "schedule_reason_text": REASONS.get(job.sched_reason, ""),
     }
     context.update(selectors.job_progress(job=job))
     return render(request, "federation/job_detail.html", context)
