@@ -140,7 +140,7 @@ class JobScheduleForm(forms.Form):
         min_value=0.1,
         max_value=100000,
         decimal_places=1,
-        initial=2,
+        initial=1,
         label="Memory per site (GiB)",
     )
     gpus = forms.IntegerField(min_value=0, max_value=64, initial=0, label="GPUs per site")

@@ -403,7 +403,7 @@ class JobSite(models.Model):
     )
     node_id = models.CharField(max_length=32, blank=True, help_text="Flower node id (uint64).")
     cores = models.PositiveIntegerField(default=1, help_text="Cores requested at this site.")
-    memory_gib = models.DecimalField(max_digits=9, decimal_places=1, default=Decimal("2"))
+    memory_gib = models.DecimalField(max_digits=9, decimal_places=1, default=Decimal("1"))
     gpus = models.PositiveIntegerField(default=0)
     rounds_completed = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True)

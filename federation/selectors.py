@@ -193,51 +193,57 @@ def job_estimates(*, project, versions, num_rounds: int, local_epochs: int, sche
     return {"duration_s": duration, "rows": rows}
 
 
-def job_energy(*, job: FederatedJob) -> list[dict]:
-    """Energy and emissions per site of a job from its metering: ``[{"site", "cpu_seconds",
-    "energy_kwh", "intensity_g_per_kwh", "emissions_g"}]``.
-
-    energy = metered CPU core-seconds × the pool's W per core (+ GPU seconds × W per GPU, none
-    metered yet) ÷ 3.6e6; intensity = the time-weighted mean of the pool's readings over the
-    run (``scheduling.energy``), the pool's default where it has none.
-    """
-    from django.db.models import Sum
-    from django.utils import timezone
-
+def site_energy(*, site, cpu_seconds: float, start, end, gpu_seconds: float = 0.0):
+    """``(kWh, mean gCO2e/kWh, gCO2e)`` of ``cpu_seconds`` (and ``gpu_seconds``) of work at
+    ``site`` during ``[start, end)``: the power figures of the site's pool (its first) and the
+    time-weighted mean of its carbon readings over the run (``scheduling.energy``); the pool's
+    default intensity where it has no reading. ``None`` when the site has no pool."""
     from federation.models import CarbonReading, ComputePool
     from federation.scheduling import energy
 
-    start = job.started_at
+    pool = ComputePool.objects.filter(site=site).order_by("pk").first()
+    if pool is None:
+        return None
+    kwh = energy.energy_kwh(
+        cpu_seconds=cpu_seconds,
+        gpu_seconds=gpu_seconds,
+        watts_per_core=pool.watts_per_core,
+        watts_per_gpu=pool.watts_per_gpu,
+    )
+    before = CarbonReading.objects.filter(pool=pool, at__lte=start).order_by("-at").first()
+    readings = [(before.at, before.g_per_kwh)] if before else []
+    readings += list(
+        CarbonReading.objects.filter(pool=pool, at__gt=start, at__lt=end)
+        .order_by("at")
+        .values_list("at", "g_per_kwh")
+    )
+    intensity = energy.mean_intensity(readings, start=start, end=end, default=pool.carbon_default)
+    return kwh, intensity, energy.emissions_g(kwh, intensity)
+
+
+def job_energy(*, job: FederatedJob) -> list[dict]:
+    """Energy and emissions per site of a job from its metering: ``[{"site", "cpu_seconds",
+    "energy_kwh", "intensity_g_per_kwh", "emissions_g"}]`` (``site_energy`` per site)."""
+    from django.db.models import Sum
+    from django.utils import timezone
+
+    if job.started_at is None:
+        return []
     end = job.finished_at or timezone.now()
     rows = []
-    pools: dict[int, ComputePool] = {}
-    for pool in ComputePool.objects.filter(site__job_sites__job=job).order_by("pk"):
-        pools.setdefault(pool.site_id, pool)
     for js in job.sites.select_related("site"):
         cpu = js.round_metrics.aggregate(s=Sum("cpu_seconds"))["s"] or 0.0
-        pool = pools.get(js.site_id)
-        if pool is None or start is None:
+        figures = site_energy(site=js.site, cpu_seconds=cpu, start=job.started_at, end=end)
+        if figures is None:
             continue
-        kwh = energy.energy_kwh(
-            cpu_seconds=cpu, watts_per_core=pool.watts_per_core, watts_per_gpu=pool.watts_per_gpu
-        )
-        before = CarbonReading.objects.filter(pool=pool, at__lte=start).order_by("-at").first()
-        readings = [(before.at, before.g_per_kwh)] if before else []
-        readings += list(
-            CarbonReading.objects.filter(pool=pool, at__gt=start, at__lt=end)
-            .order_by("at")
-            .values_list("at", "g_per_kwh")
-        )
-        intensity = energy.mean_intensity(
-            readings, start=start, end=end, default=pool.carbon_default
-        )
+        kwh, intensity, grams = figures
         rows.append(
             {
                 "site": js.site,
                 "cpu_seconds": cpu,
                 "energy_kwh": kwh,
                 "intensity_g_per_kwh": intensity,
-                "emissions_g": energy.emissions_g(kwh, intensity),
+                "emissions_g": grams,
             }
         )
     return rows

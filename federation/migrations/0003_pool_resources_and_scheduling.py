@@ -277,7 +277,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='jobsite',
             name='memory_gib',
-            field=models.DecimalField(decimal_places=1, default=Decimal('2'), max_digits=9),
+            field=models.DecimalField(decimal_places=1, default=Decimal('1'), max_digits=9),
         ),
         migrations.AddConstraint(
             model_name='computepool',
