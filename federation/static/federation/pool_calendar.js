@@ -20,7 +20,7 @@ document.addEventListener("DOMContentLoaded", async () => {
         { type: "bar", label: "lent to other institutions only", data: data.foreign_only.map((a) => (a ? maxPrice * 1.05 : 0)), backgroundColor: "rgba(13,110,253,0.15)", barPercentage: 1, categoryPercentage: 1, yAxisID: "price" },
         { type: "line", label: `price (${data.currency} per SU·h)`, data: data.price, borderColor: "#b35c00", pointRadius: 0, stepped: true, yAxisID: "price" },
         { type: "line", label: "carbon (gCO2e/kWh)", data: data.carbon, borderColor: "#495057", pointRadius: 0, yAxisID: "carbon" },
-        { type: "line", label: "jobs", data: jobBar, borderColor: "#6f42c1", borderWidth: 6, pointRadius: 0, spanGaps: false, yAxisID: "price" },
+        { type: "line", label: "jobs", data: jobBar, borderColor: "#6f42c1", backgroundColor: "#6f42c1", borderWidth: 6, pointRadius: 5, pointStyle: "rect", spanGaps: false, yAxisID: "price" },
       ],
     },
     options: {
