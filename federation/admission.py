@@ -249,7 +249,7 @@ def _dt(seconds: float | None) -> datetime | None:
     return datetime.fromtimestamp(seconds, tz=UTC) if seconds is not None else None
 
 
-def _explain(d: scheduling.Decision) -> str:
+def _explain(d: scheduling.Decision, policy: str = "") -> str:
     texts = {
         scheduling.Reason.RESOURCES: "waiting for resources on its pools",
         scheduling.Reason.PRIORITY: "resources are held for higher-priority jobs",
@@ -261,6 +261,12 @@ def _explain(d: scheduling.Decision) -> str:
         scheduling.Reason.QUOTA: "the project's quota on a pool is used up",
     }
     text = texts.get(d.reason, "")
+    if d.reason is scheduling.Reason.TIME_SHIFT and policy in ("cheapest", "greenest"):
+        text = (
+            "waiting for the "
+            + ("cheapest start" if policy == "cheapest" else "lowest-carbon start")
+            + " before the deadline"
+        )
     if d.detail:
         text = f"{text}: {d.detail}" if text else d.detail
     if d.start_s is not None and d.action is not scheduling.Action.START:
@@ -301,7 +307,7 @@ def schedule_pass(*, now: datetime | None = None) -> dict[int, scheduling.Decisi
             job_refuse(job=job, reason=f"{d.reason}: {d.detail}")
             continue
         if d.action is not scheduling.Action.START:
-            job.status_detail = _explain(d)
+            job.status_detail = _explain(d, job.policy)
             fields.append("status_detail")
         job.save(update_fields=fields)
     return decisions

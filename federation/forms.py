@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from django import forms
 
 from portal.selectors import projects_for_user
@@ -110,6 +112,7 @@ class JobScheduleForm(forms.Form):
     resources per site, deadline, budget cap and schedule policy (issue 15)."""
 
     policy = forms.ChoiceField(
+        required=False,
         choices=[
             ("asap", "As soon as possible"),
             ("cheapest", "Cheapest before the deadline"),
@@ -134,16 +137,24 @@ class JobScheduleForm(forms.Form):
         help_text="The most this job may cost; a job whose cheapest start costs more is refused.",
     )
     cores = forms.IntegerField(
-        min_value=1, max_value=4096, initial=1, label="Cores per site", help_text="CPU cores."
+        required=False,
+        min_value=1,
+        max_value=4096,
+        initial=1,
+        label="Cores per site",
+        help_text="CPU cores.",
     )
     memory_gib = forms.DecimalField(
+        required=False,
         min_value=0.1,
         max_value=100000,
         decimal_places=1,
         initial=1,
         label="Memory per site (GiB)",
     )
-    gpus = forms.IntegerField(min_value=0, max_value=64, initial=0, label="GPUs per site")
+    gpus = forms.IntegerField(
+        required=False, min_value=0, max_value=64, initial=0, label="GPUs per site"
+    )
     preemptible = forms.BooleanField(
         required=False,
         help_text="May be stopped for higher-priority work; it then resumes from its last round.",
@@ -152,6 +163,16 @@ class JobScheduleForm(forms.Form):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("prefix", "sched")
         super().__init__(*args, **kwargs)
+
+    #: What a field left empty means (the same as the form's initial values).
+    DEFAULTS = {"policy": "asap", "cores": 1, "memory_gib": Decimal("1"), "gpus": 0}
+
+    def clean(self):
+        cleaned = super().clean()
+        for name, default in self.DEFAULTS.items():
+            if cleaned.get(name) in (None, ""):
+                cleaned[name] = default
+        return cleaned
 
     def clean_deadline(self):
         from django.utils import timezone

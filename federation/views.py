@@ -77,7 +77,7 @@ def job_estimate(request):
     versions = list(data.get("datasets") or [])
     project = data.get("project")
     estimates = None
-    if project is not None and versions and {"cores", "memory_gib", "gpus"} <= set(when):
+    if project is not None and versions and sched.is_valid():
         estimates = selectors.job_estimates(
             project=project,
             versions=versions,
