@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
 
 from federation import carbon, superlink
-from federation.models import CarbonReading, ComputePool, JobSite
+from federation.models import CarbonReading, ComputePool
 from portal.permissions import can
 from portal.services import audit_record
 
@@ -91,26 +90,26 @@ def carbon_forecast_fetch(*, pool: ComputePool) -> int:
 
 
 def pool_health_refresh(*, conn: superlink.Connection) -> int:
-    """Read the SuperNodes from the SuperLink (``flwr supernode ls``) and set each pool's
-    ``node_online`` / ``last_seen_at`` from the node its site last ran as. Returns the number
-    of pools updated; raises ``superlink.SuperLinkError`` when the SuperLink cannot be read."""
-    nodes = superlink.nodes_list(conn)
-    latest: dict[int, str] = {}
-    for site_id, node_id in (
-        JobSite.objects.exclude(node_id="")
-        .order_by("job__created_at")
-        .values_list("site_id", "node_id")
-    ):
-        latest[site_id] = node_id
+    """Set each pool's ``node_online`` / ``last_seen_at`` from the SuperNodes the SuperLink
+    reports (``selectors.supernode_states``: the site a node serves by its registered name, the
+    local federation's record, or the latest job that discovered it). Returns the number of pools
+    updated; raises ``superlink.SuperLinkError`` when the SuperLink does not answer."""
+    from federation.selectors import supernode_states
+
+    states = supernode_states(connection=conn)
+    if states["error"]:
+        raise superlink.SuperLinkError(states["error"])
+    by_site: dict[str, dict] = {}
+    for row in states["nodes"]:  # online first: an online node of a site wins
+        if row["site"] and row["site"] not in by_site:
+            by_site[row["site"]] = row
     updated = 0
-    now = timezone.now()
     for pool in ComputePool.objects.select_related("site"):
-        node = nodes.get(latest.get(pool.site_id, ""))
-        if node is None:
+        row = by_site.get(pool.site.slug)
+        if row is None:
             continue
-        pool.node_online = node.online
-        if node.online:
-            pool.last_seen_at = now
+        pool.node_online = row["status"] == "online"
+        pool.last_seen_at = row["last_seen"] or pool.last_seen_at
         pool.save(update_fields=["node_online", "last_seen_at"])
         updated += 1
     return updated

@@ -22,4 +22,5 @@ urlpatterns = [
     path("pools/<int:pk>/queue/", pool_views.pool_queue, name="pool_queue"),
     path("pools/<int:pk>/calendar/", pool_views.pool_calendar, name="pool_calendar"),
     path("pools/<int:pk>/calendar.json", pool_views.pool_calendar_json, name="pool_calendar_json"),
+    path("supernodes/", views.supernodes, name="supernodes"),
 ]

@@ -3,6 +3,7 @@ and the airlock (release request, a steward's decision, the released model)."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -144,6 +145,7 @@ def job_progress_json(request, pk: int):
             "num_rounds": job.num_rounds,
             "rounds_done": len(progress["rounds"]),
             "chart": progress["chart"],
+            "sites_lost": progress["lost"],
             "final_metrics": {k: v for k, v in job.final_metrics.items() if k != "model"},
             **panels.sections("job_progress", request=request, job=job),  # accounting's, …
             "sites": [
@@ -157,6 +159,7 @@ def job_progress_json(request, pk: int):
                     "eval_accuracy": s.final_metrics.get("eval_accuracy")
                     or (s.last_round.eval_accuracy if s.last_round else None),
                     "error": s.last_error,
+                    "lost_in_round": s.lost_round,
                 }
                 for s in progress["sites"]
             ],
@@ -261,6 +264,16 @@ def job_callback(request, pk: int):
     except services.JobError as exc:
         return _refuse(409, str(exc))
     return JsonResponse(answer.to_json())
+
+
+@login_required
+def supernodes(request):
+    """Every SuperNode's state as the SuperLink reports it (platform admins only)."""
+    if not request.user.is_staff:
+        raise Http404("No such page")
+    context = selectors.supernode_states()
+    context["federation"] = settings.FRP_FEDERATION_NAME
+    return render(request, "federation/supernodes.html", context)
 
 
 @login_required

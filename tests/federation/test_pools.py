@@ -5,7 +5,6 @@ and calendar pages."""
 from __future__ import annotations
 
 import http.server
-import json
 import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -249,24 +248,25 @@ def test_provider_forecast_is_stored_as_readings(provider, pool, settings):
     assert CarbonReading.objects.filter(pool=pool, forecast=True).count() == 4
 
 
-def test_health_from_recorded_supernode_list(pool, monkeypatch, world_job):
-    payload = json.loads((RECORDED / "flwr_supernode_ls.json").read_text())
-    calls = []
-
-    def fake_call(conn, args):
-        calls.append(args)
-        return payload
-
-    monkeypatch.setattr(superlink, "_call", fake_call)
-    conn = superlink.Connection(Path("."), "local", Path("."))
-    nodes = superlink.nodes_list(conn)
-    assert calls == [["supernode", "ls", "local"]]
-    assert nodes["18446744073709551615"].online is False
-    assert nodes["5830372181926744062"].online is True
+def test_health_from_the_superlinks_node_list(pool, monkeypatch, world_job):
+    # Two SuperNodes as the Control API's ListNodes reports them; the pool's site last ran as
+    # the offline one (its job discovered that node id).
+    t = datetime(2026, 12, 1, 13, 40, 3, tzinfo=UTC)
+    nodes = [
+        superlink.NodeState("5830372181926744062", "online", t, t, None, None, None, 30.0),
+        superlink.NodeState("18446744073709551615", "offline", t, t, t, None, None, 30.0),
+    ]
+    monkeypatch.setattr(superlink, "nodes_list", lambda conn: nodes)
     JobSite.objects.filter(job=world_job, site=pool.site).update(node_id="18446744073709551615")
+    conn = superlink.Connection(Path("."), "local", Path("."))
     assert pool_services.pool_health_refresh(conn=conn) == 1
     pool.refresh_from_db()
     assert pool.node_online is False
+    assert pool.last_seen_at == t
+    JobSite.objects.filter(job=world_job, site=pool.site).update(node_id="5830372181926744062")
+    pool_services.pool_health_refresh(conn=conn)
+    pool.refresh_from_db()
+    assert pool.node_online is True
 
 
 @pytest.fixture
