@@ -234,6 +234,114 @@ def local_sites() -> list[LocalSite]:
     ]
 
 
+def job_estimates(*, project, versions, num_rounds: int, local_epochs: int, schedule: dict):
+    """For each schedule policy, what the scheduler would plan for this job if submitted now:
+    a list of dicts ``policy``, ``label``, ``action``, ``reason``, ``start``, ``end`` (aware
+    datetimes or ``None``), ``cost`` (``Decimal`` or ``None``), ``energy_kwh``, ``emissions_g``,
+    ``late`` and ``detail``; plus the estimated run time in seconds as ``duration_s``."""
+    from datetime import UTC, datetime
+    from decimal import Decimal
+
+    from federation import admission, scheduling
+    from federation.models import SchedulePolicy
+
+    duration = admission.duration_estimate(
+        model="logreg",
+        num_rounds=num_rounds,
+        local_epochs=local_epochs,
+        rows=max(v.row_count for v in versions),
+    )
+    request = scheduling.Resources(
+        int(schedule["cores"]), float(schedule["memory_gib"]), int(schedule["gpus"])
+    )
+    decisions = admission.policy_estimates(
+        project=project,
+        site_demands={v.dataset.site_id: request for v in versions},
+        duration_s=duration,
+        deadline=schedule.get("deadline"),
+        budget_cap=schedule.get("budget_cap"),
+    )
+
+    def at(seconds):
+        return datetime.fromtimestamp(seconds, tz=UTC) if seconds is not None else None
+
+    rows = []
+    for policy, label in SchedulePolicy.choices:
+        d = decisions[policy]
+        rows.append(
+            {
+                "policy": policy,
+                "label": label,
+                "action": str(d.action),
+                "reason": "" if d.action == "start" else str(d.reason),
+                "start": at(d.start_s),
+                "end": at(d.end_s),
+                "cost": Decimal(str(round(d.cost, 2))) if d.cost is not None else None,
+                "energy_kwh": d.energy_kwh,
+                "emissions_g": d.emissions_g,
+                "late": d.late,
+                "detail": d.detail,
+            }
+        )
+    return {"duration_s": duration, "rows": rows}
+
+
+def site_energy(*, site, cpu_seconds: float, start, end, gpu_seconds: float = 0.0):
+    """``(kWh, mean gCO2e/kWh, gCO2e)`` of ``cpu_seconds`` (and ``gpu_seconds``) of work at
+    ``site`` during ``[start, end)``: the power figures of the site's pool (its first) and the
+    time-weighted mean of its carbon readings over the run (``scheduling.energy``); the pool's
+    default intensity where it has no reading. ``None`` when the site has no pool."""
+    from federation.models import CarbonReading, ComputePool
+    from federation.scheduling import energy
+
+    pool = ComputePool.objects.filter(site=site).order_by("pk").first()
+    if pool is None:
+        return None
+    kwh = energy.energy_kwh(
+        cpu_seconds=cpu_seconds,
+        gpu_seconds=gpu_seconds,
+        watts_per_core=pool.watts_per_core,
+        watts_per_gpu=pool.watts_per_gpu,
+    )
+    before = CarbonReading.objects.filter(pool=pool, at__lte=start).order_by("-at").first()
+    readings = [(before.at, before.g_per_kwh)] if before else []
+    readings += list(
+        CarbonReading.objects.filter(pool=pool, at__gt=start, at__lt=end)
+        .order_by("at")
+        .values_list("at", "g_per_kwh")
+    )
+    intensity = energy.mean_intensity(readings, start=start, end=end, default=pool.carbon_default)
+    return kwh, intensity, energy.emissions_g(kwh, intensity)
+
+
+def job_energy(*, job: FederatedJob) -> list[dict]:
+    """Energy and emissions per site of a job from its metering: ``[{"site", "cpu_seconds",
+    "energy_kwh", "intensity_g_per_kwh", "emissions_g"}]`` (``site_energy`` per site)."""
+    from django.db.models import Sum
+    from django.utils import timezone
+
+    if job.started_at is None:
+        return []
+    end = job.finished_at or timezone.now()
+    rows = []
+    for js in job.sites.select_related("site"):
+        cpu = js.round_metrics.aggregate(s=Sum("cpu_seconds"))["s"] or 0.0
+        figures = site_energy(site=js.site, cpu_seconds=cpu, start=job.started_at, end=end)
+        if figures is None:
+            continue
+        kwh, intensity, grams = figures
+        rows.append(
+            {
+                "site": js.site,
+                "cpu_seconds": cpu,
+                "energy_kwh": kwh,
+                "intensity_g_per_kwh": intensity,
+                "emissions_g": grams,
+            }
+        )
+    return rows
+
+
 def supernode_states(*, connection: superlink.Connection | None = None) -> dict:
     """Every SuperNode the SuperLink knows, with the site each serves, for admin pages.
 

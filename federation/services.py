@@ -28,8 +28,9 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from federation import scheduler, superlink
+from federation import admission, superlink
 from federation.models import (
+    ComputePool,
     FederatedJob,
     JobSite,
     JobSiteStatus,
@@ -129,13 +130,20 @@ def job_submit(
     num_rounds: int = 5,
     local_epochs: int = 5,
     learning_rate: float = 0.1,
+    schedule: dict | None = None,
 ) -> FederatedJob:
     """Validate and queue a job; its launch is queued after the transaction commits.
 
     Checks: ``by`` may submit in ``project``; at least ``MIN_SITES`` datasets, one per site; every
     dataset under a valid grant for the project; target and feature columns present (features numeric)
     in every schema. Raises ``JobError`` (with per-field messages) otherwise.
+
+    ``schedule`` (optional): ``policy`` (``SchedulePolicy`` value), ``deadline`` (aware datetime),
+    ``budget_cap`` (``Decimal``), ``qos``, ``preemptible``, ``cores`` / ``memory_gib`` / ``gpus``
+    per site (the same request at every site). The run time is estimated here
+    (``admission.duration_estimate``).
     """
+    schedule = dict(schedule or {})
     if not can(by, "job.submit", project):
         raise JobError(
             "you are not a member of this project",
@@ -160,6 +168,12 @@ def job_submit(
             {"datasets": [f"No valid access grant for this project: {', '.join(ungranted)}."]},
         )
     features = _validate_columns(versions, target_column, list(feature_columns or []))
+    deadline = schedule.get("deadline")
+    if deadline is not None and deadline <= timezone.now():
+        raise JobError("deadline in the past", {"deadline": ["The deadline has passed."]})
+    cap = schedule.get("budget_cap")
+    if cap is not None and cap <= 0:
+        raise JobError("budget cap", {"budget_cap": ["A budget cap must be above zero."]})
     job = FederatedJob.objects.create(
         project=project,
         submitted_by=by,
@@ -169,9 +183,23 @@ def job_submit(
         num_rounds=num_rounds,
         local_epochs=local_epochs,
         learning_rate=learning_rate,
+        policy=schedule.get("policy") or "asap",
+        deadline=schedule.get("deadline"),
+        budget_cap=schedule.get("budget_cap"),
+        qos=schedule.get("qos") or "normal",
+        preemptible=bool(schedule.get("preemptible", False)),
+        estimated_seconds=admission.duration_estimate(
+            model="logreg",
+            num_rounds=num_rounds,
+            local_epochs=local_epochs,
+            rows=max(v.row_count for v in versions),
+        ),
     )
+    request = {
+        k: schedule[k] for k in ("cores", "memory_gib", "gpus") if schedule.get(k) is not None
+    }
     JobSite.objects.bulk_create(
-        [JobSite(job=job, site=v.dataset.site, dataset_version=v) for v in versions]
+        [JobSite(job=job, site=v.dataset.site, dataset_version=v, **request) for v in versions]
     )
     audit_record(
         by=by,
@@ -227,6 +255,14 @@ def job_run_config(job: FederatedJob) -> contract.RunConfig:
     )
 
 
+def job_refuse(*, job: FederatedJob, reason: str) -> None:
+    """Fail a QUEUED job the scheduler refuses (budget cap, resources no pool has), with the
+    reason and an audit event. Called inside the scheduler pass's transaction."""
+    if job.status != JobStatus.QUEUED:
+        return
+    _fail(job, f"refused by the scheduler: {reason}")
+
+
 def _fail(job: FederatedJob, reason: str) -> None:
     job.status = JobStatus.FAILED
     job.status_detail = reason
@@ -251,6 +287,8 @@ def job_launch(*, job_id: int) -> FederatedJob:
     ``FRP_SUPERLINK_LOST_SECONDS``); a SuperLink that refuses the run fails the job.
     """
     with transaction.atomic():
+        # Pools first, then the job: a pass writes other queued jobs' rows while it holds the pools.
+        list(ComputePool.objects.select_for_update().order_by("pk").values_list("pk", flat=True))
         job = FederatedJob.objects.select_for_update().get(pk=job_id)
         if job.status != JobStatus.QUEUED:
             return job
@@ -264,11 +302,13 @@ def job_launch(*, job_id: int) -> FederatedJob:
         if lost:
             _fail(job, f"access grant no longer valid for site(s): {', '.join(lost)}")
             return job
-        admitted, reason = scheduler.admit(job)
-        if not admitted:
-            if job.status_detail != reason:
-                job.status_detail = reason
-                job.save(update_fields=["status_detail"])
+        decisions = admission.schedule_pass()
+        others = [pk for pk, d in decisions.items() if d.action == "start" and pk != job.pk]
+        for pk in others:  # jobs the same pass admitted: each launches in its own task
+            transaction.on_commit(signature(JOB_LAUNCH_TASK, args=(pk,)).delay, robust=True)
+        job.refresh_from_db()
+        decision = decisions.get(job.pk)
+        if job.status != JobStatus.QUEUED or decision is None or decision.action != "start":
             return job
         job.status = JobStatus.LAUNCHING
         job.status_detail = "submitting the run to the SuperLink"

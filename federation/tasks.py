@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
 
-from federation import services
+from federation import services, superlink
 
 RECONCILE_BATCH = 50
+log = logging.getLogger(__name__)
 
 
 @shared_task(name=services.JOB_LAUNCH_TASK, acks_late=True)
@@ -20,3 +23,21 @@ def job_reconcile_all_task() -> None:
     """Periodic: reconcile up to ``RECONCILE_BATCH`` active jobs, oldest first, with one Control
     API listing of the SuperLink's newest runs (``services.jobs_reconcile``)."""
     services.jobs_reconcile(batch=RECONCILE_BATCH)
+
+
+@shared_task(name="federation.pools_refresh", acks_late=True, ignore_result=True)
+def pools_refresh_task() -> None:
+    """Periodic: each pool's SuperNode health from the SuperLink, and the carbon forecast of
+    pools whose source is a provider (a failing source is logged and skipped)."""
+    from federation import carbon, pool_services
+    from federation.models import ComputePool
+
+    try:
+        pool_services.pool_health_refresh(conn=services.superlink_connection())
+    except superlink.SuperLinkError as exc:
+        log.warning("pools refresh: the SuperLink did not answer: %s", exc)
+    for pool in ComputePool.objects.filter(carbon_source="provider").exclude(carbon_provider=""):
+        try:
+            pool_services.carbon_forecast_fetch(pool=pool)
+        except carbon.CarbonError as exc:
+            log.warning("pools refresh: carbon forecast of pool %s: %s", pool.pk, exc)

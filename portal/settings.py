@@ -234,6 +234,12 @@ CELERY_BEAT_SCHEDULE = {
         # a tick not started before the next one is due is dropped: no backlog behind slow ticks
         "options": {"expires": _RECONCILE_SECONDS},
     },
+    # Pools: SuperNode health and provider carbon forecasts (issue 15).
+    "federation-pools-refresh": {
+        "task": "federation.pools_refresh",
+        "schedule": 300.0,
+        "options": {"expires": 300},
+    },
     # Close last month's invoices; hourly so a missed tick is caught up (the task is idempotent).
     "accounting-invoice-close": {
         "task": "accounting.invoice_close",
@@ -331,6 +337,16 @@ FRP_CLIENTAPP_CORES = env.int("FRP_CLIENTAPP_CORES", default=1)
 # Optional: a folder where each job's ServerApp appends every reply it receives (an audit of exactly
 # what left the sites). Empty: off.
 FRP_REPLY_LOG_DIR = env.str("FRP_REPLY_LOG_DIR", default="")
+# The scheduler's plan (federation.admission): grid step and horizon.
+FRP_SCHED_STEP_SECONDS = env.float("FRP_SCHED_STEP_SECONDS", default=300.0)
+FRP_SCHED_HORIZON_HOURS = env.float("FRP_SCHED_HORIZON_HOURS", default=168.0)
+# Carbon-intensity providers of pools whose source is a provider (federation.carbon).
+FRP_CARBON_ELECTRICITYMAPS_URL = env.str(
+    "FRP_CARBON_ELECTRICITYMAPS_URL", default="https://api.electricitymap.org"
+)
+FRP_CARBON_ELECTRICITYMAPS_TOKEN = env.str("FRP_CARBON_ELECTRICITYMAPS_TOKEN", default="")
+FRP_CARBON_WATTTIME_URL = env.str("FRP_CARBON_WATTTIME_URL", default="https://api.watttime.org")
+FRP_CARBON_WATTTIME_TOKEN = env.str("FRP_CARBON_WATTTIME_TOKEN", default="")
 # The local federation: one SuperNode per site, each with its own store and keyring.
 FRP_SITES_DIR = Path(env.str("FRP_SITES_DIR", default=str(VAR_DIR / "sites")))
 

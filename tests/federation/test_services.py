@@ -218,7 +218,9 @@ def test_job_launch_waits_when_pool_is_full(world, fake_superlink, launch):
     second.refresh_from_db()
     assert first.status == JobStatus.RUNNING
     assert second.status == JobStatus.QUEUED
-    assert "free slot" in second.status_detail
+    assert second.sched_reason == "Resources"
+    assert "waiting for resources on its pools" in second.status_detail
+    assert second.est_start is not None
     first.status = JobStatus.COMPLETED
     first.save()
     assert services.job_reconcile(job_id=second.pk).status == JobStatus.RUNNING

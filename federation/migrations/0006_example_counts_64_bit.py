@@ -9,7 +9,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("federation", "0004_launch_nonce_superlink_lost")]
+    dependencies = [("federation", "0005_pool_resources_and_scheduling")]
 
     operations = [
         migrations.AlterField(
