@@ -198,6 +198,13 @@ def normalise_missing(missing_values: Iterable[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def missing_markers(extra: Iterable[str] = (), *, defaults: bool = True) -> tuple[str, ...]:
+    """The markers a steward declares: ``DEFAULT_MISSING_VALUES`` (unless ``defaults`` is false)
+    plus ``extra``, normalised (``normalise_missing``). One rule for the upload form's "Empty cells
+    are missing" + "Other markers" and ``dataset_ingest --missing`` / ``--no-default-missing``."""
+    return normalise_missing([*(DEFAULT_MISSING_VALUES if defaults else ()), *extra])
+
+
 # --- values and types ------------------------------------------------------------------------------
 
 

@@ -129,7 +129,9 @@ class IngestResult:
     (``","``, ``";"`` or ``"\\t"``) and ``delimiter_source`` (``"declared"``, ``"detected"`` or
     ``"fallback"``); ``missing_values`` (the markers applied, stripped). ``source_bytes`` and
     ``source_sha256`` identify the file that was read. The schema and markers are also stored
-    inside the encrypted object (module doc), so the loader needs none of these.
+    inside the encrypted object (module doc), so the loader needs none of these. ``warnings``:
+    for the steward only (they may name values of the file), e.g. a column read as text because
+    of values that look like undeclared missing-value markers.
     """
 
     store_key: str
@@ -145,6 +147,7 @@ class IngestResult:
     missing_values: tuple[str, ...] = DEFAULT_MISSING_VALUES
     source_bytes: int = 0
     source_sha256: str = ""
+    warnings: tuple[str, ...] = ()
 
 
 def store_key_for(*, site: str, dataset: str, version: int) -> str:
@@ -233,6 +236,7 @@ class _Outcome:
     schema: list[dict] = field(default_factory=list)
     profile: dict = field(default_factory=dict)
     row_count: int = 0
+    warnings: list[str] = field(default_factory=list)
 
 
 def _canonical_payload(
@@ -323,7 +327,26 @@ def _canonical_payload(
     outcome.schema = schema
     outcome.profile = compute_profile(stats, rows)
     outcome.row_count = rows
+    outcome.warnings = [w for col in stats if (w := text_column_warning(col, missing))]
     yield encode_trailer(json.dumps(meta, ensure_ascii=False).encode("utf-8"))
+
+
+def text_column_warning(col: ColumnStats, missing: Sequence[str]) -> str:
+    """The steward's warning for a column read as text although most of its values are numbers
+    (``ColumnStats.numeric_but_text``), naming the values that are not and their count; ``""``
+    for any other column."""
+    found = col.numeric_but_text()
+    if found is None:
+        return ""
+    cells, values = found
+    shown = ", ".join(f"{value!r} ({count})" for value, count in values[:5])
+    more = f" and {len(values) - 5} more" if len(values) > 5 else ""
+    declared = ", ".join(repr(m) for m in missing) or "none"
+    return (
+        f"column {col.name!r} is read as text because {cells} cell(s) are not numbers: "
+        f"{shown}{more}. If they mean 'missing', declare them as missing-value markers "
+        f"(declared now: {declared}) or give the column a type."
+    )
 
 
 class _NegZero:
@@ -514,4 +537,5 @@ def ingest_csv(
         missing_values=missing,
         source_bytes=hashed.size,
         source_sha256=hashed.digest.hexdigest(),
+        warnings=tuple(outcome.warnings),
     )
