@@ -151,10 +151,37 @@ def test_job_submit_missing_target_names_dataset_and_columns(world):
     assert "No column 'nope'" in msg and "x1, x2, label" in msg
 
 
-def test_job_submit_non_numeric_feature_refused(world):
+def test_job_submit_target_as_feature_refused(world):
     with pytest.raises(services.JobError) as err:
         submit(world, feature_columns=["x1", "label"])
-    assert "missing or not numeric: 'label'" in err.value.field_errors["feature_columns"][0]
+    assert err.value.field_errors["feature_columns"] == [
+        "The target column cannot also be a feature."
+    ]
+
+
+def test_job_submit_text_feature_is_categorical_and_cannot_be_numeric(world, fake_superlink):
+    for v in world["versions"]:
+        v.schema = [*v.schema, {"name": "ward", "type": "str"}]
+        v.profile = {"columns": [{"name": "x1", "missing": "≤7"}]}
+        v.save()
+    job = submit(world, feature_columns=["x1", "ward"])
+    assert job.task == "classification"  # label is text
+    assert job.preprocessing == [
+        {"name": "x1", "kind": "numeric", "missing": "median", "indicator": True},  # has missing
+        {"name": "ward", "kind": "categorical", "missing": "most_frequent", "indicator": False},
+    ]
+    with pytest.raises(services.JobError) as err:
+        submit(world, feature_columns=["ward"], preprocessing=[contract.FeaturePlan("ward")])
+    assert "'ward' (str) cannot be used as numeric" in err.value.field_errors["feature_columns"][0]
+
+
+def test_job_submit_float_target_is_regression_and_identifiers_are_left_out(world, fake_superlink):
+    for v in world["versions"]:
+        v.schema = [{"name": "id", "type": "int"}, *v.schema, {"name": "y", "type": "float"}]
+        v.save()
+    job = submit(world, target_column="y")
+    assert job.task == "regression"
+    assert job.feature_columns == ["x1", "x2"]  # not the identifier, not the target
 
 
 def test_job_launch_submits_run_with_spec_and_marks_running(world, fake_superlink, launch):

@@ -37,7 +37,7 @@ import logging
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
@@ -49,22 +49,34 @@ from frp_flwr.contract import (
     CoalitionReply,
     ContractError,
     Contribution,
+    DesignStats,
+    EvalReport,
     EvaluateReply,
     Event,
     Failed,
-    FeatureStats,
     Finished,
     JobSpec,
     Metering,
+    Preparation,
     Round,
     RunConfig,
     SiteEvaluation,
     SiteInfo,
+    SiteQuantiles,
     SiteRound,
+    SiteSummary,
     Started,
     TrainReply,
     encode_event,
     finite_or_none,
+)
+from frp_flwr.metrics import baseline, pooled_metrics, site_metrics
+from frp_flwr.preprocess import (
+    Fitted,
+    PreprocessError,
+    fit,
+    quantile_grids,
+    standardise_from,
 )
 from frp_flwr.signing import SignatureError, job_key, master_key_from_environ, sign
 from frp_flwr.task import (
@@ -72,7 +84,6 @@ from frp_flwr.task import (
     RoundLog,
     coalition_key,
     coalition_models,
-    combine_sums,
     contribution_plan,
     init_params,
     sanitise,
@@ -231,17 +242,17 @@ def exchange(grid: Grid, messages: list[Message], *, timeout: float, poll: float
 
 def discover(
     grid: Grid, spec: JobSpec, *, timeout: float, poll: float
-) -> tuple[dict[str, int], dict[str, tuple[SiteInfo, FeatureStats]], dict[str, str]]:
+) -> tuple[dict[str, int], dict[str, tuple[SiteInfo, SiteSummary]], dict[str, str]]:
     """Map the job's site ids to node ids.
 
-    Returns ``(site→node, site→(info, stats) of its discovery reply, site→error)``. A member's
+    Returns ``(site→node, site→(info, summary) of its discovery reply, site→error)``. A member's
     reply that does not fit the contract is that site's error. Raises ``JobFailed`` when two
     nodes claim one site.
     """
     deadline = time.monotonic() + timeout
     asked: set[int] = set()
     site_node: dict[str, int] = {}
-    site_reply: dict[str, tuple[SiteInfo, FeatureStats]] = {}
+    site_reply: dict[str, tuple[SiteInfo, SiteSummary]] = {}
     site_error: dict[str, str] = {}
     while time.monotonic() < deadline and len(site_node) < len(spec.sites):
         new = [n for n in grid.get_node_ids() if n not in asked]
@@ -270,13 +281,11 @@ def discover(
                 raise JobFailed(f"two nodes claim site {info.site!r}; refusing to run")
             site_node[info.site] = node
             try:
-                stats = FeatureStats.from_record(reply.content["stats"])
-                if len(stats.mean) != len(info.features):
-                    raise ContractError("stats: one mean per feature expected")
+                summary = SiteSummary.from_record(reply.content["summary"])
             except (ContractError, KeyError) as exc:
                 site_error[info.site] = sanitise(f"malformed discovery reply: {exc}")
                 continue
-            site_reply[info.site] = (info, stats)
+            site_reply[info.site] = (info, summary)
         for node, error in result.errors.items():
             # A member site that could not open its data names itself in the error text.
             for site in spec.sites:
@@ -303,11 +312,14 @@ def fan_out(
     poll: float,
     sites_out: dict[str, dict],
     reply_type: type[TrainReply] | type[EvaluateReply],
+    rnd: int = 0,
 ) -> dict[int, tuple[Message, TrainReply | EvaluateReply]]:
     """Send ``arrays`` + ``config`` to every active node; return node → (reply, parsed metrics).
 
     Errors, silences and replies that do not fit ``reply_type`` mark the site's entry in
-    ``sites_out`` with ``ok=False`` and the reason.
+    ``sites_out`` with ``ok=False`` and the reason. A reply whose loss or weights are NaN or
+    infinite raises ``NonFinite`` naming the site and round ``rnd``: training has diverged or
+    the data hold values no model can use, and averaging it would spoil every site's model.
     """
     msgs = [
         Message(
@@ -323,7 +335,16 @@ def fan_out(
     for node in result.timed_out:
         sites_out[node_site[node]].update(ok=False, error=f"no reply within {timeout:.0f} s")
     parsed = {}
-    for node, reply in result.replies.items():
+    for node, reply in sorted(result.replies.items()):
+        what = _non_finite(reply)
+        if what:
+            site = node_site[node]
+            sites_out[site].update(ok=False, error=f"{what} (NaN or infinity)")
+            raise NonFinite(
+                f"round {rnd}: site {site} returned {what} (NaN or infinity) in its "
+                f"{message_type} reply; the job is stopped. Lower the learning rate, or check "
+                "the features' scales and missing-value handling."
+            )
         try:
             if message_type == MessageType.TRAIN:
                 _check_shapes(reply.content["arrays"], arrays)
@@ -333,6 +354,29 @@ def fan_out(
                 ok=False, error=sanitise(f"malformed {message_type} reply: {exc}")
             )
     return parsed
+
+
+class NonFinite(JobFailed):
+    """A site's reply or the aggregated model holds NaN or infinity (the message names which)."""
+
+
+def _non_finite(reply: Message) -> str:
+    """What in a train or evaluate reply is NaN or infinite (``""``: nothing)."""
+    metrics = reply.content.get("metrics") if hasattr(reply.content, "get") else None
+    for key in ("train-loss", "eval-loss"):
+        value = metrics.get(key) if metrics is not None else None
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if number and not np.isfinite(value):
+            return f"a {key.replace('-', ' ')} that is not a finite number"
+    arrays = reply.content.get("arrays") if hasattr(reply.content, "get") else None
+    if isinstance(arrays, ArrayRecord):
+        try:
+            layers = arrays.to_numpy_ndarrays()
+        except Exception:  # noqa: BLE001 — a malformed record is the contract check's error
+            return ""
+        if not all(np.isfinite(np.asarray(a, dtype=np.float64)).all() for a in layers):
+            return "model weights that are not finite numbers"
+    return ""
 
 
 def _check_shapes(returned: ArrayRecord, sent: ArrayRecord) -> None:
@@ -359,6 +403,7 @@ def evaluate_contribution(
     timeout: float,
     poll: float,
     seed: int = 0,
+    task: str = "classification",
 ) -> Contribution:
     """Score coalition models at every active site with one message each; return the event.
 
@@ -366,7 +411,8 @@ def evaluate_contribution(
     coalition of :func:`task.contribution_plan` (round key ``"0"``) and, while the message stays
     within ``MAX_COALITION_MODELS`` models, the same coalitions for every round ``t`` (key
     ``str(t)``, model ``w_{t−1} + Δ_S^t``). Utility = Σ_s n_s·acc_s(S) / Σ_s n_s over the sites
-    that replied (``n_s`` held-out examples). A site whose reply does not fit the contract is left
+    that replied (``n_s`` held-out examples); for regression the negative pooled RMSE,
+    −√(Σ_s n_s·MSE_s(S) / Σ_s n_s), in standardised target units. A site whose reply does not fit the contract is left
     out (named in ``errors``). Raises ``JobFailed`` when no site replies.
     """
     t0 = time.monotonic()
@@ -414,7 +460,8 @@ def evaluate_contribution(
         if len(m.coalition_accuracy) != len(keys):
             errors[site] = f"scored {len(m.coalition_accuracy)} of {len(keys)} coalition models"
             continue
-        total += m.num_examples * np.asarray(m.coalition_accuracy, dtype=np.float64)
+        scores = m.coalition_loss if task == "regression" else m.coalition_accuracy
+        total += m.num_examples * np.asarray(scores, dtype=np.float64)
         examples[site] = m.num_examples
         sites[site] = Metering(
             examples=m.num_examples,  # held-out rows, scored once per model in one pass
@@ -428,8 +475,11 @@ def evaluate_contribution(
     weight = sum(examples.values())
     if weight == 0:
         raise JobFailed("no held-out examples at any site to score coalition models")
+    pooled = total / weight
+    if task == "regression":
+        pooled = -np.sqrt(pooled)
     utilities: dict[str, dict[str, float]] = {}
-    for key, value in zip(keys, total / weight, strict=True):
+    for key, value in zip(keys, pooled, strict=True):
         rnd, members = key.split("|")
         utilities.setdefault(rnd, {})[members] = float(value)
     return Contribution(
@@ -437,7 +487,11 @@ def evaluate_contribution(
         method=method,
         permutations=permutations,
         seed=seed,
-        utility="example-weighted held-out accuracy",
+        utility=(
+            "negative pooled held-out RMSE (standardised target)"
+            if task == "regression"
+            else "example-weighted held-out accuracy"
+        ),
         utilities=utilities,
         examples=examples,
         models=len(keys),
@@ -456,8 +510,124 @@ def _site_round(entry: dict) -> SiteRound:
     )
 
 
+def _ask(
+    grid: Grid,
+    active: dict[str, int],
+    step: str,
+    config: dict,
+    parse,
+    *,
+    timeout: float,
+    poll: float,
+) -> dict:
+    """One preparation step (``query.<step>``) at every active site: site → parsed reply.
+    Raises ``JobFailed`` naming the sites that erred, fell silent or sent a malformed reply
+    (every site must apply the same rules, so the job cannot go on without one)."""
+    node_site = {n: s for s, n in active.items()}
+    msgs = [
+        Message(
+            RecordDict({"config": ConfigRecord(config)}),
+            dst_node_id=n,
+            message_type=f"{MessageType.QUERY}.{step}",
+        )
+        for n in active.values()
+    ]
+    result = exchange(grid, msgs, timeout=timeout, poll=poll)
+    problems = {node_site[n]: e for n, e in result.errors.items()}
+    problems.update({node_site[n]: f"no reply within {timeout:.0f} s" for n in result.timed_out})
+    out = {}
+    for node, reply in result.replies.items():
+        try:
+            out[node_site[node]] = parse(reply.content[step])
+        except (ContractError, KeyError) as exc:
+            problems[node_site[node]] = sanitise(f"malformed {step} reply: {exc}")
+    if problems:
+        raise JobFailed(
+            f"preparing the data ({step}) failed at "
+            + "; ".join(f"{s}: {e}" for s, e in sorted(problems.items()))
+        )
+    return out
+
+
+@dataclass
+class Prepared:
+    """The outcome of the federated preprocessing (``frp_flwr.preprocess``)."""
+
+    fitted: Fitted
+    preparation: Preparation
+    train_labels: dict[str, int]
+
+
+def prepare(
+    grid: Grid,
+    spec: JobSpec,
+    active: dict[str, int],
+    site_reply: dict[str, tuple[SiteInfo, SiteSummary]],
+    *,
+    timeout: float,
+    poll: float,
+) -> Prepared:
+    """Fit the job's preprocessing from the sites' aggregates (module doc of
+    ``frp_flwr.preprocess``): the discovery summaries, quantiles for median fills, then the
+    prepared matrices' statistics for standardisation. Raises ``JobFailed``."""
+    features = spec.features
+    if not features:  # every numeric column the sites share, in the first site's order
+        infos = [site_reply[s][0] for s in sorted(active)]
+        shared = set.intersection(*(set(i.features) for i in infos))
+        features = [f for f in infos[0].features if f in shared]
+    spec = replace(spec, features=features)
+    summaries = [site_reply[s][1] for s in sorted(active)]
+    classes: list[str] = []
+    if spec.task == "classification":
+        classes = sort_classes({c for s in active for c in site_reply[s][0].labels})
+        if len(classes) < 2:
+            raise JobFailed(
+                f"the target has {len(classes)} class(es) across all sites; need 2 or more"
+            )
+    grids = quantile_grids(spec, summaries)
+    quantiles = None
+    if grids:
+        quantiles = list(
+            _ask(
+                grid,
+                active,
+                "quantiles",
+                {"grids": json.dumps(grids)},
+                SiteQuantiles.from_record,
+                timeout=timeout,
+                poll=poll,
+            ).values()
+        )
+    try:
+        fitted = fit(spec, summaries, classes, quantiles, grids)
+        stats = _ask(
+            grid,
+            active,
+            "design",
+            {"preprocess": fitted.to_text()},
+            DesignStats.from_record,
+            timeout=timeout,
+            poll=poll,
+        )
+        standardise_from(fitted, list(stats.values()))
+    except PreprocessError as exc:
+        raise JobFailed(f"preparing the data: {exc}") from None
+    train_labels: dict[str, int] = {}
+    for st in stats.values():
+        for label, count in st.labels.items():
+            train_labels[label] = train_labels.get(label, 0) + count
+    preparation = Preparation(
+        task=spec.task,
+        columns=fitted.columns(),
+        fills=fitted.fills(),
+        notes=fitted.notes,
+        sites={s: st.preparation for s, st in stats.items()},
+    )
+    return Prepared(fitted, preparation, train_labels)
+
+
 def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
-    """Discovery, FedAvg rounds and reporting for one job (see the module docstring)."""
+    """Discovery, preparation, FedAvg rounds and reporting for one job (module docstring)."""
     spec = cfg.spec
     poll = cfg.poll_interval
     round_timeout = cfg.round_timeout
@@ -468,14 +638,11 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
     )
     missing = sorted(set(spec.sites) - set(site_node))
     active = {s: n for s, n in site_node.items() if s not in site_error}
-    reporter.post(
-        Started(
-            nodes={s: str(n) for s, n in site_node.items()},
-            missing=missing,
-            errors=site_error,
-        )
+    started = Started(
+        nodes={s: str(n) for s, n in site_node.items()}, missing=missing, errors=site_error
     )
     if len(active) < spec.min_sites:
+        reporter.post(started)
         problems = [f"{s}: not connected" for s in missing] + [
             f"{s}: {e}" for s, e in sorted(site_error.items())
         ]
@@ -483,21 +650,18 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
             f"only {len(active)} of {len(spec.sites)} sites ready (need {spec.min_sites}); "
             + "; ".join(problems)
         )
+    try:
+        prepared = prepare(grid, spec, active, site_reply, timeout=round_timeout, poll=poll)
+    except JobFailed:
+        reporter.post(started)
+        raise
+    reporter.post(replace(started, preparation=prepared.preparation))
+    fitted = prepared.fitted
+    task = fitted.task
+    classes = fitted.classes
 
-    # Federated standardisation and the global class list.
-    mean, std = combine_sums(
-        [
-            (stats.num_examples, np.asarray(stats.mean), np.asarray(stats.m2))
-            for _, stats in (site_reply[s] for s in active)
-        ]
-    )
-    classes = sort_classes({c for s in active for c in site_reply[s][0].labels})
-    if len(classes) < 2:
-        raise JobFailed(f"the target has {len(classes)} class(es) across all sites; need 2 or more")
-    arrays = ArrayRecord(init_params(len(mean), len(classes)))
-    config = ConfigRecord(
-        {"feature-mean": mean.tolist(), "feature-std": std.tolist(), "classes": classes}
-    )
+    arrays = ArrayRecord(init_params(len(fitted.mean), max(1, len(classes))))
+    config = ConfigRecord({"preprocess": fitted.to_text(), "classes": classes or [""]})
     strategy = FedAvg(min_train_nodes=1, min_evaluate_nodes=1, min_available_nodes=1)
     node_site = {n: s for s, n in active.items()}
     players = sorted(active)  # contribution players: index = position
@@ -506,10 +670,12 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
     history: list[RoundLog] = []
 
     last_eval: dict[str, SiteEvaluation] = {}
+    reports: dict[str, EvalReport] = {}
     aggregate_eval: dict = {}
     for rnd in range(1, num_rounds + 1):
         t0 = time.monotonic()
         config["server-round"] = rnd
+        config["final"] = rnd == num_rounds
         sites_out: dict[str, dict] = {s: {"node_id": str(n)} for s, n in active.items()}
 
         fan = dict(
@@ -520,8 +686,23 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
             timeout=round_timeout,
             poll=poll,
             sites_out=sites_out,
+            rnd=rnd,
         )
-        train = fan_out(MessageType.TRAIN, arrays, reply_type=TrainReply, **fan)
+
+        def partial_round(rnd=rnd, sites_out=sites_out) -> None:
+            reporter.post(
+                Round(
+                    round=rnd,
+                    sites={s: _site_round(e) for s, e in sites_out.items()},
+                    partial=True,
+                )
+            )
+
+        try:
+            train = fan_out(MessageType.TRAIN, arrays, reply_type=TrainReply, **fan)
+        except NonFinite:
+            partial_round()
+            raise
         for node, (_, m) in train.items():
             sites_out[node_site[node]].update(
                 ok=True,
@@ -533,13 +714,7 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
                 bytes_sent=m.bytes_sent,
             )
         if len(train) < spec.min_sites:
-            reporter.post(
-                Round(
-                    round=rnd,
-                    sites={s: _site_round(e) for s, e in sites_out.items()},
-                    partial=True,
-                )
-            )
+            partial_round()
             raise JobFailed(
                 f"round {rnd}: {len(train)} of {len(active)} sites replied (need {spec.min_sites})"
             )
@@ -554,28 +729,48 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
             )
         )
         new_arrays, train_agg = strategy.aggregate_train(rnd, [r for r, _ in train.values()])
+        if not all(np.isfinite(a).all() for a in _arrays(new_arrays)):
+            partial_round()
+            raise NonFinite(f"round {rnd}: the aggregated model is not finite (NaN or infinity)")
         arrays = new_arrays
 
-        evaluation = fan_out(MessageType.EVALUATE, arrays, reply_type=EvaluateReply, **fan)
-        for node, (_, m) in evaluation.items():
+        try:
+            evaluation = fan_out(MessageType.EVALUATE, arrays, reply_type=EvaluateReply, **fan)
+        except NonFinite:
+            partial_round()
+            raise
+        for node, (reply, m) in evaluation.items():
             site = node_site[node]
             entry = sites_out[site]
+            accuracy = m.eval_accuracy if task == "classification" else None
             entry.update(
                 eval_examples=m.num_examples,
                 eval_loss=m.eval_loss,
-                eval_accuracy=m.eval_accuracy,
+                eval_accuracy=accuracy,
                 cpu_seconds=entry.get("cpu_seconds", 0.0) + m.cpu_seconds,
                 wall_seconds=entry.get("wall_seconds", 0.0) + m.wall_seconds,
                 bytes_received=entry.get("bytes_received", 0) + m.bytes_received,
                 bytes_sent=entry.get("bytes_sent", 0) + m.bytes_sent,
             )
+            site_metrics_ = None
+            if rnd == num_rounds:
+                try:
+                    reports[site] = EvalReport.from_record(reply.content["report"])
+                    site_metrics_ = site_metrics(task, reports[site])
+                except (ContractError, KeyError) as exc:
+                    entry.update(ok=False, error=sanitise(f"malformed evaluation report: {exc}"))
             last_eval[site] = SiteEvaluation(
-                eval_examples=m.num_examples, eval_loss=m.eval_loss, eval_accuracy=m.eval_accuracy
+                eval_examples=m.num_examples,
+                eval_loss=m.eval_loss,
+                eval_accuracy=accuracy,
+                metrics=site_metrics_,
             )
         eval_agg = strategy.aggregate_evaluate(rnd, [r for r, _ in evaluation.values()]) or {}
         aggregate_eval = {
             "eval_loss": finite_or_none(eval_agg.get("eval-loss")),
-            "eval_accuracy": finite_or_none(eval_agg.get("eval-accuracy")),
+            "eval_accuracy": (
+                finite_or_none(eval_agg.get("eval-accuracy")) if task == "classification" else None
+            ),
             "eval_examples": sum(int(e.get("eval_examples", 0)) for e in sites_out.values()),
         }
         answer = reporter.post(
@@ -604,12 +799,24 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
 
     if aggregate_eval.get("eval_loss") is None:
         raise JobFailed("the final model's federated loss is not a finite number (it diverged)")
+    pooled = baseline_ = None
+    if reports:
+        pooled = pooled_metrics(task, list(reports.values()))
+        baseline_ = baseline(
+            task,
+            list(reports.values()),
+            pooled,
+            classes=classes,
+            train_labels=prepared.train_labels,
+        )
     reporter.post(
         Finished(
             rounds=num_rounds,
             sites=last_eval,
             classes=classes,
             model=[a.tolist() for a in arrays.to_numpy_ndarrays()],
+            metrics=pooled,
+            baseline=baseline_,
             **aggregate_eval,
         )
     )
@@ -625,6 +832,7 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
             config=config,
             timeout=round_timeout,
             poll=poll,
+            task=task,
         )
     except Exception as exc:  # contribution is an add-on: the trained model stands regardless
         log.warning("contribution evaluation failed: %s", exc)
