@@ -339,10 +339,10 @@ def fan_out(
         what = _non_finite(reply)
         if what:
             site = node_site[node]
-            sites_out[site].update(ok=False, error=f"{what} (NaN or infinity)")
+            sites_out[site].update(ok=False, error=what)
             raise NonFinite(
-                f"round {rnd}: site {site} returned {what} (NaN or infinity) in its "
-                f"{message_type} reply; the job is stopped. Lower the learning rate, or check "
+                f"round {rnd}: site {site} returned {what} in its {message_type} reply (NaN, "
+                "infinity or divergence); the job is stopped. Lower the learning rate, or check "
                 "the features' scales and missing-value handling."
             )
         try:
@@ -354,6 +354,10 @@ def fan_out(
                 ok=False, error=sanitise(f"malformed {message_type} reply: {exc}")
             )
     return parsed
+
+
+#: A loss above this is divergence, not a result (the contract's range for losses).
+MAX_LOSS = 1e12
 
 
 class NonFinite(JobFailed):
@@ -368,6 +372,8 @@ def _non_finite(reply: Message) -> str:
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if number and not np.isfinite(value):
             return f"a {key.replace('-', ' ')} that is not a finite number"
+        if number and abs(value) > MAX_LOSS:
+            return f"a {key.replace('-', ' ')} of {value:.3g}: training has diverged"
     arrays = reply.content.get("arrays") if hasattr(reply.content, "get") else None
     if isinstance(arrays, ArrayRecord):
         try:
