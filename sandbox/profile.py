@@ -29,6 +29,7 @@ from sandbox.csvformat import (
     is_bool_batch,
     is_date_batch,
     numeric_kind,
+    parse_floats,
     parses_as_float,
     strip_all,
     widen,
@@ -218,7 +219,7 @@ class ColumnStats:
             floats = None
             if quick is not None:
                 # float() of every distinct cell (a missing one as 0: it is left out below)
-                floats = _parse_floats([v if v in tally else "0" for v in stripped])
+                floats = parse_floats([v if v in tally else "0" for v in stripped])
             if floats is not None:
                 if target is not None and quick not in ACCEPTS[target]:
                     return False
@@ -277,7 +278,7 @@ class ColumnStats:
         quick = numeric_kind(cells)
         if quick is None or (target is not None and quick not in ACCEPTS[target]):
             return False
-        numbers = _parse_floats(cells)
+        numbers = parse_floats(cells)
         if numbers is None:
             return False
         self.count += len(cells)
@@ -365,7 +366,7 @@ def _batch_kind(
     if hint in (None, "int", "float"):
         quick = numeric_kind(present)
         if quick is not None:
-            numbers = _parse_floats(present)
+            numbers = parse_floats(present)
             if numbers is not None:
                 return quick, numbers, None
     distinct = set(present)
@@ -380,16 +381,8 @@ def _batch_kind(
             return "date", None, distinct
     kind = batch_kind(distinct) or "str"
     if kind in NUMERIC_TYPES:
-        return kind, _parse_floats(present), distinct
+        return kind, parse_floats(present), distinct
     return kind, None, distinct
-
-
-def _parse_floats(values: Sequence[str]) -> np.ndarray | None:
-    try:
-        numbers = np.fromiter(map(float, values), dtype=np.float64, count=len(values))
-    except ValueError:
-        return None
-    return numbers if bool(np.isfinite(numbers).all()) else None
 
 
 def safe_count(n: int) -> int | str:
