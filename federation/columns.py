@@ -34,10 +34,10 @@ _CAMEL_ID = re.compile(r"[a-z]ID$")  # PatientID, recordID
 
 KIND_LABELS = {"numeric": "Number", "categorical": "Category (one-hot)", "date": "Date (days)"}
 RULE_LABELS = {
-    "median": "Impute median",
-    "mean": "Impute mean",
-    "most_frequent": "Impute most frequent",
-    "drop": "Drop the row",
+    "median": "Median",
+    "mean": "Mean",
+    "most_frequent": "Most frequent",
+    "drop": "Drop row",
 }
 
 

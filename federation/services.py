@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 from celery import signature
@@ -24,7 +25,7 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from federation import columns, scheduler, superlink
+from federation import columns, notifications, scheduler, superlink
 from federation.models import (
     FederatedJob,
     JobSite,
@@ -432,6 +433,7 @@ def _record_finished(job: FederatedJob, sites: dict[str, JobSite], event: contra
         "model": event.model,
         "metrics": event.metrics.to_json() if event.metrics else None,
         "baseline": event.baseline.to_json() if event.baseline else None,
+        "preprocessing": event.preprocessing,
     }
     job.save(update_fields=["final_metrics"])
     for slug, info in event.sites.items():
@@ -601,6 +603,7 @@ def _job_finish(*, job_id: int, run: superlink.RunStatus) -> FederatedJob:
     audit_record(by=None, action=f"job.{status}", target=job, institution=job.project.institution)
     # The floors above (accounting) take the finished job from here, on commit.
     job_finished.send(sender=FederatedJob, job=job)
+    transaction.on_commit(partial(notifications.job_notify, job_id=job.pk), robust=True)
     return job
 
 

@@ -205,8 +205,7 @@ def job_model_download(request, pk: int):
             else "multinomial logistic regression (softmax), standardised features"
         ),
         "features": job.feature_columns,
-        "preprocessing": job.preprocessing,
-        "preparation": {k: v for k, v in job.preparation.items() if k != "sites"},
+        "preprocessing": job.final_metrics.get("preprocessing") or job.preprocessing,
         "classes": job.final_metrics.get("classes", []),
         "weights": job.final_metrics.get("model", []),
         "federated_test_accuracy": job.final_metrics.get("eval_accuracy"),

@@ -521,3 +521,46 @@ def test_reconcile_keeps_flowers_run_figures(world, fake_superlink, launch):
         "clientapp_seconds": 2.5,
     }
     assert job.final_metrics["eval_accuracy"] == 0.9
+
+
+@pytest.mark.parametrize(
+    ("sub_status", "baseline", "subject", "line"),
+    [
+        (
+            "completed",
+            {"name": "majority class (benign)", "metric": "accuracy", "value": 0.63, "model": 0.61,
+             "better": False},
+            "no better than the baseline",
+            "Flagged: the final model's accuracy (0.6100) is no better than the majority class "
+            "(benign) (0.6300)",
+        ),
+        (
+            "completed",
+            {"name": "training mean", "metric": "rmse", "value": 80.0, "model": 54.5,
+             "better": True},
+            "completed",
+            "Final rmse: 54.5000 (baseline training mean: 80.0000).",
+        ),
+        ("failed", None, "failed", "Reason: round 2: site hospital-b returned a train loss"),
+    ],
+)  # fmt: skip
+def test_ended_job_notifies_its_submitter_with_the_baseline_flag(
+    world, fake_superlink, launch, mailoutbox, django_capture_on_commit_callbacks,
+    sub_status, baseline, subject, line,
+):  # fmt: skip
+    world["pi"].email = "pi@example.org"
+    world["pi"].save()
+    job = launch(world)
+    final = {"eval_accuracy": 0.6, "baseline": baseline} if baseline else {}
+    FederatedJob.objects.filter(pk=job.pk).update(
+        final_metrics=final,
+        failure_reason="round 2: site hospital-b returned a train loss that is not a finite number",
+    )
+    fake_superlink.status = superlink.RunStatus("7", "finished", sub_status, "", {})
+    with django_capture_on_commit_callbacks(execute=True):
+        services.job_reconcile(job_id=job.pk)
+    (mail,) = mailoutbox
+    assert mail.to == ["pi@example.org"]
+    assert subject in mail.subject
+    assert line in mail.body
+    assert f"/jobs/{job.pk}/" in mail.body

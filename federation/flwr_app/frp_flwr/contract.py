@@ -811,6 +811,34 @@ def read_model(value: Any, where: str) -> list:
     return [walk(layer, f"{where}[{i}]", 0) for i, layer in enumerate(layers)]
 
 
+def read_json_tree(value: Any, where: str, *, depth: int = 0) -> Any:
+    """A JSON value nested at most 5 levels, of short strings (≤ 500 characters), booleans,
+    null and finite numbers — e.g. the fitted preprocessing, pooled statistics only."""
+    if depth > 5:
+        raise ContractError(f"{where}: nested deeper than 5 levels")
+    if isinstance(value, dict):
+        return {
+            read_str(k, f"{where} key", max_len=500): read_json_tree(
+                v, f"{where}.{k}", depth=depth + 1
+            )
+            for k, v in read_map(value, where, max_items=20_000).items()
+        }
+    if isinstance(value, list):
+        return [
+            read_json_tree(v, f"{where}[{i}]", depth=depth + 1)
+            for i, v in enumerate(read_list(value, where, max_items=20_000))
+        ]
+    if isinstance(value, str):
+        return read_str(value, where, max_len=500)
+    if value is None or isinstance(value, bool):
+        return value
+    return (
+        read_float(value, where)
+        if isinstance(value, float)
+        else read_int(value, where, lo=-MAX_COUNT)
+    )
+
+
 @dataclass(frozen=True)
 class Finished(Event):
     """Training is over: the final model, its federated evaluation and each site's evaluation."""
@@ -824,6 +852,7 @@ class Finished(Event):
     sites: dict[str, SiteEvaluation] = field(default_factory=dict)
     metrics: Metrics | None = None
     baseline: Baseline | None = None
+    preprocessing: dict = field(default_factory=dict)
 
     name: ClassVar[str] = "finished"
     _READERS: ClassVar[dict] = {
@@ -839,6 +868,7 @@ class Finished(Event):
         "sites": lambda v, w: read_site_map(v, w, SiteEvaluation.from_json),
         "metrics": _optional(Metrics.from_json),
         "baseline": _optional(Baseline.from_json),
+        "preprocessing": lambda v, w: read_json_tree(read_map(v, w, max_items=64), w),
     }
 
 

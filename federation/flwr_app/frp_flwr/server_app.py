@@ -823,6 +823,7 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
             model=[a.tolist() for a in arrays.to_numpy_ndarrays()],
             metrics=pooled,
             baseline=baseline_,
+            preprocessing=json.loads(fitted.to_text()),
             **aggregate_eval,
         )
     )
