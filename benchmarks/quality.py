@@ -38,6 +38,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -59,6 +60,7 @@ from frp_flwr.signing import (  # noqa: E402
     KEY_ENV,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
+    SignatureError,
     job_key,
     master_key_from_text,
     verify,
@@ -162,13 +164,19 @@ class Events:
                     self.send_response(503)
                     self.end_headers()
                     return
-                verify(
-                    job_key(events.master, job_id=job_id, run_id=run_id),
-                    body,
-                    timestamp=self.headers.get(TIMESTAMP_HEADER),
-                    signature=self.headers.get(SIGNATURE_HEADER),
-                )
-                _, event = contract.parse_event(body)
+                try:
+                    verify(
+                        job_key(events.master, job_id=job_id, run_id=run_id),
+                        body,
+                        timestamp=self.headers.get(TIMESTAMP_HEADER),
+                        signature=self.headers.get(SIGNATURE_HEADER),
+                    )
+                    _, event = contract.parse_event(body)
+                except (SignatureError, contract.ContractError) as exc:
+                    print(f"callback refused: {exc}", file=sys.stderr, flush=True)
+                    self.send_response(400)
+                    self.end_headers()
+                    return
                 with events.lock:
                     events.events.setdefault(job_id, []).append(event)
                 answer = json.dumps(contract.CallbackAnswer().to_json()).encode()
@@ -390,6 +398,11 @@ def print_table(results, args) -> None:
         )
 
 
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)  # runs main's finally: every process started here is stopped
+
+
 if __name__ == "__main__":
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     raise SystemExit(main())
