@@ -18,6 +18,7 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "federation/flwr_app"))
 from frp_flwr import server_app, task  # noqa: E402
+from frp_flwr.coalitions import coalition_key  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -125,7 +126,7 @@ def test_utilities_are_pooled_held_out_accuracy_of_each_coalition_model():
     for members in [(), (0,), (2,), (0, 2), (0, 1, 2)]:
         model = task.coalition_run_model(initial, logs, frozenset(members))
         pooled = task.loss_and_accuracy(model, X, y)[1]
-        assert out.utilities["0"][task.coalition_key(frozenset(members))] == pytest.approx(pooled)
+        assert out.utilities["0"][coalition_key(frozenset(members))] == pytest.approx(pooled)
     round_2 = task.coalition_round_model(logs[1], frozenset({1}))
     assert out.utilities["2"]["1"] == pytest.approx(task.loss_and_accuracy(round_2, X, y)[1])
     assert out.models == 8 * 3 and len(out.utilities) == 3
@@ -208,6 +209,6 @@ def test_regression_utility_is_the_negative_pooled_rmse_of_each_coalition_model(
     for members in [(), (0,), (1,), (0, 1)]:
         model = task.coalition_run_model(initial, logs, frozenset(members))
         rmse = float(np.sqrt(np.mean((task.predict(model, X) - y) ** 2)))
-        assert out.utilities["0"][task.coalition_key(frozenset(members))] == pytest.approx(-rmse)
+        assert out.utilities["0"][coalition_key(frozenset(members))] == pytest.approx(-rmse)
     assert out.utilities["0"]["0,1"] > out.utilities["0"][""]  # training helps
     assert out.utility == "negative pooled held-out RMSE (standardised target)"
