@@ -124,6 +124,15 @@ def split_rows(y: np.ndarray, split: str, seed: int = 0) -> list[np.ndarray]:
     return [np.sort(part) for part in np.array_split(order, len(SITES))]
 
 
+def _label_text(label) -> str:
+    """A target value as CSV text: a class label as written, a number as Python writes it."""
+    if isinstance(label, str | np.str_):
+        return str(label)
+    if isinstance(label, int | np.integer):
+        return str(int(label))
+    return repr(float(label))
+
+
 def write_csv(path: Path, X: np.ndarray, y, names: list[str], *, missing: bool, seed: int) -> None:
     rng = np.random.default_rng(seed)
     holes = rng.random(X.shape) < MISSING_SHARE if missing else np.zeros(X.shape, dtype=bool)
@@ -132,7 +141,7 @@ def write_csv(path: Path, X: np.ndarray, y, names: list[str], *, missing: bool, 
         writer.writerow([*names, "target"])
         for row, hole, label in zip(X, holes, y, strict=True):
             cells = ["" if h else repr(float(v)) for v, h in zip(row, hole, strict=True)]
-            writer.writerow([*cells, label if isinstance(label, str) else repr(label)])
+            writer.writerow([*cells, _label_text(label)])
 
 
 # ---------------------------------------------------------------------------------------------
