@@ -101,6 +101,19 @@ class FederatedJob(models.Model):
     learning_rate = models.FloatField(default=0.1)
 
     flower_run_id = models.CharField(max_length=32, blank=True, help_text="uint64, as text.")
+    launch_nonce = models.CharField(
+        max_length=32,
+        blank=True,
+        editable=False,
+        help_text="Idempotency key of the current launch, recorded before the run is started and "
+        "sent in its run config (not a secret), so a run already started is found, not repeated.",
+    )
+    superlink_lost_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="Since when the SuperLink has not answered while this job was active.",
+    )
     callback_seq = models.PositiveBigIntegerField(
         default=0,
         editable=False,
@@ -115,6 +128,8 @@ class FederatedJob(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        # The job lists read a page of the newest jobs: an index in that order (issue 12).
+        indexes = [models.Index(fields=["-created_at", "-id"], name="job_newest_first")]
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(num_rounds__gte=1) & models.Q(num_rounds__lte=100),

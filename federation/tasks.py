@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import logging
-
 from celery import shared_task
 
-from federation import services, superlink
-from federation.models import FederatedJob, JobStatus
+from federation import services
 
 RECONCILE_BATCH = 50
-log = logging.getLogger(__name__)
 
 
 @shared_task(name=services.JOB_LAUNCH_TASK, acks_late=True)
@@ -21,20 +17,6 @@ def job_launch_task(job_id: int) -> None:
 
 @shared_task(name="federation.job_reconcile_all", acks_late=True, ignore_result=True)
 def job_reconcile_all_task() -> None:
-    """Periodic: reconcile up to ``RECONCILE_BATCH`` active jobs, oldest first, reading every
-    running job's status from the SuperLink with one ``flwr ls``."""
-    jobs = list(
-        FederatedJob.objects.filter(status__in=JobStatus.active())
-        .order_by("created_at")
-        .values_list("pk", "flower_run_id")[:RECONCILE_BATCH]
-    )
-    run_ids = [run_id for _, run_id in jobs if run_id]
-    statuses = {}
-    if run_ids:
-        try:
-            statuses = superlink.runs_status(services.superlink_connection(), run_ids)
-        except superlink.SuperLinkError as exc:
-            log.warning("reconcile: the SuperLink did not answer: %s", exc)
-            return
-    for job_id, run_id in jobs:
-        services.job_reconcile(job_id=job_id, run=statuses.get(run_id))
+    """Periodic: reconcile up to ``RECONCILE_BATCH`` active jobs, oldest first, with one Control
+    API listing of the SuperLink's newest runs (``services.jobs_reconcile``)."""
+    services.jobs_reconcile(batch=RECONCILE_BATCH)

@@ -17,4 +17,5 @@ urlpatterns = [
     path("<int:pk>/model.json", views.job_model_download, name="job_model_download"),
     path("callback/<int:pk>/", views.job_callback, name="job_callback"),
     path("releases/<int:pk>/decide/", views.release_decide, name="release_decide"),
+    path("supernodes/", views.supernodes, name="supernodes"),
 ]

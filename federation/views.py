@@ -3,6 +3,7 @@ and the airlock (release request, a steward's decision, the released model)."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -139,6 +140,7 @@ def job_progress_json(request, pk: int):
             "num_rounds": job.num_rounds,
             "rounds_done": len(progress["rounds"]),
             "chart": progress["chart"],
+            "sites_lost": progress["lost"],
             "final_metrics": selectors.public_final_metrics(job),
             "results": selectors.job_results(job=job)["chart"],
             **panels.sections("job_progress", request=request, job=job),  # accounting's, …
@@ -153,6 +155,7 @@ def job_progress_json(request, pk: int):
                     "eval_accuracy": s.final_metrics.get("eval_accuracy")
                     or (s.last_round.eval_accuracy if s.last_round else None),
                     "error": s.last_error,
+                    "lost_in_round": s.lost_round,
                 }
                 for s in progress["sites"]
             ],
@@ -265,6 +268,16 @@ def job_callback(request, pk: int):
         reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         return _refuse(400, f"the event does not fit the portal's database: {reason}")
     return JsonResponse(answer.to_json())
+
+
+@login_required
+def supernodes(request):
+    """Every SuperNode's state as the SuperLink reports it (platform admins only)."""
+    if not request.user.is_staff:
+        raise Http404("No such page")
+    context = selectors.supernode_states()
+    context["federation"] = settings.FRP_FEDERATION_NAME
+    return render(request, "federation/supernodes.html", context)
 
 
 @login_required

@@ -71,7 +71,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "allauth.account.middleware.AccountMiddleware",
-    "allauth.usersessions.middleware.UserSessionsMiddleware",
+    "portal.middleware.UserSessionsMiddleware",  # allauth's, throttled (ADR 0017)
     "portal.middleware.RequireMFAMiddleware",
 ]
 
@@ -293,6 +293,8 @@ FRP_ACCOUNTING_SWEEP_GRACE_SECONDS = env.float("FRP_ACCOUNTING_SWEEP_GRACE_SECON
 FRP_FLWR_HOME = Path(env.str("FRP_FLWR_HOME", default=str(VAR_DIR / "flwr-control")))
 FRP_FEDERATION_NAME = env.str("FRP_FEDERATION_NAME", default="local")
 FRP_FLWR_APP_DIR = BASE_DIR / "federation" / "flwr_app"
+# The embedded default's local federation (federation_up / federation_down / supernode_restart).
+FRP_FEDERATION_DIR = Path(env.str("FRP_FEDERATION_DIR", default=str(VAR_DIR / "federation")))
 # The URL the ServerApp posts round metrics to (signed, see federation/callbacks.py).
 FRP_CALLBACK_BASE_URL = env.str("FRP_CALLBACK_BASE_URL", default="http://127.0.0.1:8000")
 # The platform callback key (ADR 0014): held by the portal and the SuperLink's environment only.
@@ -309,6 +311,12 @@ if not DEBUG and not FRP_CALLBACK_KEY and "FRP_CALLBACK_KEY_FILE" not in os.envi
     )
 # A round with no reply within this many seconds drops the silent sites (FedAvg's default: 3600 s).
 FRP_ROUND_TIMEOUT = env.float("FRP_ROUND_TIMEOUT", default=120.0)
+# An active job whose SuperLink has not answered for this long (seconds) is failed; the job page
+# says the SuperLink is unreachable from the first reconcile tick that finds it so.
+FRP_SUPERLINK_LOST_SECONDS = env.float("FRP_SUPERLINK_LOST_SECONDS", default=120.0)
+# A job LAUNCHING this long (seconds) with no run on the SuperLink carrying its launch nonce is
+# queued again (the worker died before it started the run).
+FRP_STALE_LAUNCH_SECONDS = env.float("FRP_STALE_LAUNCH_SECONDS", default=180.0)
 # Optional: a folder where each job's ServerApp appends every reply it receives (an audit of exactly
 # what left the sites). Empty: off.
 FRP_REPLY_LOG_DIR = env.str("FRP_REPLY_LOG_DIR", default="")

@@ -391,7 +391,7 @@ def job_bill(*, job) -> list[BillingEntry]:
     A ``COMPLETED`` job is billed in full. A ``FAILED`` or ``STOPPED`` job is billed only for the
     compute it actually used — its sites' slot time up to the failure or stop, as metered in its
     usage records — and earns no data credit (no data lines), as Slurm charges a failed or
-    cancelled job its allocation for the time it ran (ADR 0017); a job still running is not
+    cancelled job its allocation for the time it ran (ADR 0019); a job still running is not
     billed (``[]``). The date that picks the price rule and the invoice month is
     ``job.finished_at`` in the portal's time zone (``BillingError`` if an ended job has none). For each ``UsageRecord`` of the job, with
     the price rule of the site's pool in effect that day (no rule: not billed):

@@ -11,7 +11,7 @@ class Command(BaseCommand):
     help = "Start the local Flower federation (SuperLink + SuperNodes) and point the portal at it."
 
     def handle(self, *args, **options):
-        root = settings.VAR_DIR / "federation"
+        root = settings.FRP_FEDERATION_DIR
         try:
             state = runtime.load_state(root)
             if runtime.is_running(state):

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('federation', '0002_callback_seq'),
+        ('federation', '0004_launch_nonce_superlink_lost'),
     ]
 
     operations = [
