@@ -33,9 +33,15 @@ def task_identity(monkeypatch):
 class SiteGrid:
     """Pushes record the messages; pulls answer them as the site behind each node would."""
 
-    def __init__(self, data: dict[int, tuple[np.ndarray, np.ndarray]], failing: set[int] = ()):
+    def __init__(
+        self,
+        data: dict[int, tuple[np.ndarray, np.ndarray]],
+        failing: set[int] = (),
+        task_name: str = "classification",
+    ):
         self.data = data
         self.failing = set(failing)
+        self.task = task_name
         self.pushed: list[Message] = []
 
     def push_messages(self, messages):
@@ -54,7 +60,7 @@ class SiteGrid:
                 continue  # never answers: times out
             X, y = self.data[node]
             models = task.unstack_models(msg.content["models"].to_numpy_ndarrays())
-            scores = [task.loss_and_accuracy(m, X, y) for m in models]
+            scores = [task.loss_and_accuracy(m, X, y, task=self.task) for m in models]
             metrics = MetricRecord(
                 {
                     "num-examples": len(y),
@@ -165,3 +171,44 @@ def test_no_site_answering_fails_the_evaluation():
             timeout=0.2,
             poll=0.01,
         )
+
+
+def test_regression_utility_is_the_negative_pooled_rmse_of_each_coalition_model():
+    rng = np.random.default_rng(9)
+    w_true = rng.normal(size=(3, 1))
+
+    def make(n):
+        X = rng.normal(size=(n, 3))
+        return X, (X @ w_true)[:, 0] + rng.normal(0, 0.1, n)
+
+    train = {i: make(n) for i, n in enumerate((40, 25))}
+    held_out = {201: make(9), 202: make(21)}
+    initial = task.init_params(3, 1)
+    updates = {
+        i: task.train_sgd(
+            initial, X, y, epochs=2, learning_rate=0.1, batch_size=8, seed=1, task="regression"
+        )[0]
+        for i, (X, y) in train.items()
+    }
+    logs = [task.RoundLog(start=initial, updates=updates, examples={0: 40, 1: 25})]
+
+    out = server_app.evaluate_contribution(
+        grid=SiteGrid(held_out, task_name="regression"),
+        players=["a", "b"],
+        initial=initial,
+        rounds=logs,
+        active={"a": 201, "b": 202},
+        config=ConfigRecord({"classes": [""]}),
+        timeout=5,
+        poll=0.01,
+        task="regression",
+    )
+
+    X = np.concatenate([x for x, _ in held_out.values()])
+    y = np.concatenate([t for _, t in held_out.values()])
+    for members in [(), (0,), (1,), (0, 1)]:
+        model = task.coalition_run_model(initial, logs, frozenset(members))
+        rmse = float(np.sqrt(np.mean((task.predict(model, X) - y) ** 2)))
+        assert out.utilities["0"][coalition_key(frozenset(members))] == pytest.approx(-rmse)
+    assert out.utilities["0"]["0,1"] > out.utilities["0"][""]  # training helps
+    assert out.utility == "negative pooled held-out RMSE (standardised target)"

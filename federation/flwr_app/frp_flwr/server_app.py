@@ -37,7 +37,7 @@ import logging
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
@@ -50,29 +50,40 @@ from frp_flwr.contract import (
     CoalitionReply,
     ContractError,
     Contribution,
+    DesignStats,
+    EvalReport,
     EvaluateReply,
     Event,
     Failed,
-    FeatureStats,
     Finished,
     JobSpec,
     Metering,
+    Preparation,
     Round,
     RunConfig,
     SiteEvaluation,
     SiteInfo,
+    SiteQuantiles,
     SiteRound,
+    SiteSummary,
     Started,
     TrainReply,
     encode_event,
     finite_or_none,
+)
+from frp_flwr.metrics import baseline, pooled_metrics, site_metrics
+from frp_flwr.preprocess import (
+    Fitted,
+    PreprocessError,
+    fit,
+    quantile_grids,
+    standardise_from,
 )
 from frp_flwr.signing import SignatureError, job_key, master_key_from_environ, sign
 from frp_flwr.task import (
     MAX_COALITION_MODELS,
     RoundLog,
     coalition_models,
-    combine_sums,
     init_params,
     readable_error,
     sanitise,
@@ -231,17 +242,17 @@ def exchange(grid: Grid, messages: list[Message], *, timeout: float, poll: float
 
 def discover(
     grid: Grid, spec: JobSpec, *, timeout: float, poll: float
-) -> tuple[dict[str, int], dict[str, tuple[SiteInfo, FeatureStats]], dict[str, str]]:
+) -> tuple[dict[str, int], dict[str, tuple[SiteInfo, SiteSummary]], dict[str, str]]:
     """Map the job's site ids to node ids.
 
-    Returns ``(site→node, site→(info, stats) of its discovery reply, site→error)``. A member's
+    Returns ``(site→node, site→(info, summary) of its discovery reply, site→error)``. A member's
     reply that does not fit the contract is that site's error. Raises ``JobFailed`` when two
     nodes claim one site.
     """
     deadline = time.monotonic() + timeout
     asked: set[int] = set()
     site_node: dict[str, int] = {}
-    site_reply: dict[str, tuple[SiteInfo, FeatureStats]] = {}
+    site_reply: dict[str, tuple[SiteInfo, SiteSummary]] = {}
     site_error: dict[str, str] = {}
     while time.monotonic() < deadline and len(site_node) < len(spec.sites):
         new = [n for n in grid.get_node_ids() if n not in asked]
@@ -270,13 +281,11 @@ def discover(
                 raise JobFailed(f"two nodes claim site {info.site!r}; refusing to run")
             site_node[info.site] = node
             try:
-                stats = FeatureStats.from_record(reply.content["stats"])
-                if len(stats.mean) != len(info.features):
-                    raise ContractError("stats: one mean per feature expected")
+                summary = SiteSummary.from_record(reply.content["summary"])
             except (ContractError, KeyError) as exc:
                 site_error[info.site] = sanitise(f"malformed discovery reply: {exc}")
                 continue
-            site_reply[info.site] = (info, stats)
+            site_reply[info.site] = (info, summary)
         for node, error in result.errors.items():
             # A member site that could not open its data names itself in the error text.
             for site in spec.sites:
@@ -303,11 +312,14 @@ def fan_out(
     poll: float,
     sites_out: dict[str, dict],
     reply_type: type[TrainReply] | type[EvaluateReply],
+    rnd: int = 0,
 ) -> dict[int, tuple[Message, TrainReply | EvaluateReply]]:
     """Send ``arrays`` + ``config`` to every active node; return node → (reply, parsed metrics).
 
     Errors, silences and replies that do not fit ``reply_type`` mark the site's entry in
-    ``sites_out`` with ``ok=False`` and the reason.
+    ``sites_out`` with ``ok=False`` and the reason. A reply whose loss or weights are NaN or
+    infinite raises ``NonFinite`` naming the site and round ``rnd``: training has diverged or
+    the data hold values no model can use, and averaging it would spoil every site's model.
     """
     msgs = [
         Message(
@@ -323,7 +335,16 @@ def fan_out(
     for node in result.timed_out:
         sites_out[node_site[node]].update(ok=False, error=f"no reply within {timeout:.0f} s")
     parsed = {}
-    for node, reply in result.replies.items():
+    for node, reply in sorted(result.replies.items()):
+        what = _non_finite(reply)
+        if what:
+            site = node_site[node]
+            sites_out[site].update(ok=False, error=what)
+            raise NonFinite(
+                f"round {rnd}: site {site} returned {what} in its {message_type} reply (NaN, "
+                "infinity or divergence); the job is stopped. Lower the learning rate, or check "
+                "the features' scales and missing-value handling."
+            )
         try:
             if message_type == MessageType.TRAIN:
                 _check_shapes(reply.content["arrays"], arrays)
@@ -333,6 +354,35 @@ def fan_out(
                 ok=False, error=sanitise(f"malformed {message_type} reply: {exc}")
             )
     return parsed
+
+
+#: A loss above this is divergence, not a result (the contract's range for losses).
+MAX_LOSS = 1e12
+
+
+class NonFinite(JobFailed):
+    """A site's reply or the aggregated model holds NaN or infinity (the message names which)."""
+
+
+def _non_finite(reply: Message) -> str:
+    """What in a train or evaluate reply is NaN or infinite (``""``: nothing)."""
+    metrics = reply.content.get("metrics") if hasattr(reply.content, "get") else None
+    for key in ("train-loss", "eval-loss"):
+        value = metrics.get(key) if metrics is not None else None
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if number and not np.isfinite(value):
+            return f"a {key.replace('-', ' ')} that is not a finite number"
+        if number and abs(value) > MAX_LOSS:
+            return f"a {key.replace('-', ' ')} of {value:.3g}: training has diverged"
+    arrays = reply.content.get("arrays") if hasattr(reply.content, "get") else None
+    if isinstance(arrays, ArrayRecord):
+        try:
+            layers = arrays.to_numpy_ndarrays()
+        except Exception:  # noqa: BLE001 — a malformed record is the contract check's error
+            return ""
+        if not all(np.isfinite(np.asarray(a, dtype=np.float64)).all() for a in layers):
+            return "model weights that are not finite numbers"
+    return ""
 
 
 def _check_shapes(returned: ArrayRecord, sent: ArrayRecord) -> None:
@@ -359,6 +409,7 @@ def evaluate_contribution(
     timeout: float,
     poll: float,
     seed: int = 0,
+    task: str = "classification",
 ) -> Contribution:
     """Score coalition models at every active site with one message each; return the event.
 
@@ -366,7 +417,8 @@ def evaluate_contribution(
     coalition of :func:`coalitions.contribution_plan` (round key ``"0"``) and, while the message stays
     within ``MAX_COALITION_MODELS`` models, the same coalitions for every round ``t`` (key
     ``str(t)``, model ``w_{t−1} + Δ_S^t``). Utility = Σ_s n_s·acc_s(S) / Σ_s n_s over the sites
-    that replied (``n_s`` held-out examples). A site whose reply does not fit the contract is left
+    that replied (``n_s`` held-out examples); for regression the negative pooled RMSE,
+    −√(Σ_s n_s·MSE_s(S) / Σ_s n_s), in standardised target units. A site whose reply does not fit the contract is left
     out (named in ``errors``). Raises ``JobFailed`` when no site replies.
     """
     t0 = time.monotonic()
@@ -414,7 +466,8 @@ def evaluate_contribution(
         if len(m.coalition_accuracy) != len(keys):
             errors[site] = f"scored {len(m.coalition_accuracy)} of {len(keys)} coalition models"
             continue
-        total += m.num_examples * np.asarray(m.coalition_accuracy, dtype=np.float64)
+        scores = m.coalition_loss if task == "regression" else m.coalition_accuracy
+        total += m.num_examples * np.asarray(scores, dtype=np.float64)
         examples[site] = m.num_examples
         sites[site] = Metering(
             examples=m.num_examples,  # held-out rows, scored once per model in one pass
@@ -428,8 +481,11 @@ def evaluate_contribution(
     weight = sum(examples.values())
     if weight == 0:
         raise JobFailed("no held-out examples at any site to score coalition models")
+    pooled = total / weight
+    if task == "regression":
+        pooled = -np.sqrt(pooled)
     utilities: dict[str, dict[str, float]] = {}
-    for key, value in zip(keys, total / weight, strict=True):
+    for key, value in zip(keys, pooled, strict=True):
         rnd, members = key.split("|")
         utilities.setdefault(rnd, {})[members] = float(value)
     return Contribution(
@@ -437,7 +493,11 @@ def evaluate_contribution(
         method=method,
         permutations=permutations,
         seed=seed,
-        utility="example-weighted held-out accuracy",
+        utility=(
+            "negative pooled held-out RMSE (standardised target)"
+            if task == "regression"
+            else "example-weighted held-out accuracy"
+        ),
         utilities=utilities,
         examples=examples,
         models=len(keys),
@@ -456,6 +516,122 @@ def _site_round(entry: dict) -> SiteRound:
     )
 
 
+def _ask(
+    grid: Grid,
+    active: dict[str, int],
+    step: str,
+    config: dict,
+    parse,
+    *,
+    timeout: float,
+    poll: float,
+) -> dict:
+    """One preparation step (``query.<step>``) at every active site: site → parsed reply.
+    Raises ``JobFailed`` naming the sites that erred, fell silent or sent a malformed reply
+    (every site must apply the same rules, so the job cannot go on without one)."""
+    node_site = {n: s for s, n in active.items()}
+    msgs = [
+        Message(
+            RecordDict({"config": ConfigRecord(config)}),
+            dst_node_id=n,
+            message_type=f"{MessageType.QUERY}.{step}",
+        )
+        for n in active.values()
+    ]
+    result = exchange(grid, msgs, timeout=timeout, poll=poll)
+    problems = {node_site[n]: e for n, e in result.errors.items()}
+    problems.update({node_site[n]: f"no reply within {timeout:.0f} s" for n in result.timed_out})
+    out = {}
+    for node, reply in result.replies.items():
+        try:
+            out[node_site[node]] = parse(reply.content[step])
+        except (ContractError, KeyError) as exc:
+            problems[node_site[node]] = sanitise(f"malformed {step} reply: {exc}")
+    if problems:
+        raise JobFailed(
+            f"preparing the data ({step}) failed at "
+            + "; ".join(f"{s}: {e}" for s, e in sorted(problems.items()))
+        )
+    return out
+
+
+@dataclass
+class Prepared:
+    """The outcome of the federated preprocessing (``frp_flwr.preprocess``)."""
+
+    fitted: Fitted
+    preparation: Preparation
+    train_labels: dict[str, int]
+
+
+def prepare(
+    grid: Grid,
+    spec: JobSpec,
+    active: dict[str, int],
+    site_reply: dict[str, tuple[SiteInfo, SiteSummary]],
+    *,
+    timeout: float,
+    poll: float,
+) -> Prepared:
+    """Fit the job's preprocessing from the sites' aggregates (module doc of
+    ``frp_flwr.preprocess``): the discovery summaries, quantiles for median fills, then the
+    prepared matrices' statistics for standardisation. Raises ``JobFailed``."""
+    features = spec.features
+    if not features:  # every numeric column the sites share, in the first site's order
+        infos = [site_reply[s][0] for s in sorted(active)]
+        shared = set.intersection(*(set(i.features) for i in infos))
+        features = [f for f in infos[0].features if f in shared]
+    spec = replace(spec, features=features)
+    summaries = [site_reply[s][1] for s in sorted(active)]
+    classes: list[str] = []
+    if spec.task == "classification":
+        classes = sort_classes({c for s in active for c in site_reply[s][0].labels})
+        if len(classes) < 2:
+            raise JobFailed(
+                f"the target has {len(classes)} class(es) across all sites; need 2 or more"
+            )
+    grids = quantile_grids(spec, summaries)
+    quantiles = None
+    if grids:
+        quantiles = list(
+            _ask(
+                grid,
+                active,
+                "quantiles",
+                {"grids": json.dumps(grids)},
+                SiteQuantiles.from_record,
+                timeout=timeout,
+                poll=poll,
+            ).values()
+        )
+    try:
+        fitted = fit(spec, summaries, classes, quantiles, grids)
+        stats = _ask(
+            grid,
+            active,
+            "design",
+            {"preprocess": fitted.to_text()},
+            DesignStats.from_record,
+            timeout=timeout,
+            poll=poll,
+        )
+        standardise_from(fitted, list(stats.values()))
+    except PreprocessError as exc:
+        raise JobFailed(f"preparing the data: {exc}") from None
+    train_labels: dict[str, int] = {}
+    for st in stats.values():
+        for label, count in st.labels.items():
+            train_labels[label] = train_labels.get(label, 0) + count
+    preparation = Preparation(
+        task=spec.task,
+        columns=fitted.columns(),
+        fills=fitted.fills(),
+        notes=fitted.notes,
+        sites={s: st.preparation for s, st in stats.items()},
+    )
+    return Prepared(fitted, preparation, train_labels)
+
+
 def _without_site(error: str, site: str) -> str:
     """``error`` without its leading ``site 'x':`` (the sentence names the site already)."""
     prefix = f"site {site!r}: "
@@ -471,10 +647,11 @@ class _Run:
     ``active``: site → node id of the sites still training (shrinks as sites drop);
     ``node_site``/``player_of``: fixed at the start, for every site that began (``players``:
     sorted site ids, index = contribution player); ``arrays``: the current global model;
-    ``config``: what every site gets with it (federated ``feature-mean``/``feature-std``, the
-    global ``classes``, ``server-round``); ``initial``: the starting weights and ``history``: one
-    :class:`task.RoundLog` per round (both for the contribution); ``last_eval``: each site's
-    latest evaluation; ``aggregate_eval``: the latest round's federated evaluation
+    ``config``: what every site gets with it (the fitted ``preprocess`` rules, the global
+    ``classes``, ``server-round``, ``final``); ``prepared``: the federated preprocessing;
+    ``initial``: the starting weights and ``history``: one :class:`task.RoundLog` per round (both
+    for the contribution); ``last_eval``: each site's latest evaluation; ``reports``: each site's
+    final evaluation aggregates; ``aggregate_eval``: the latest round's federated evaluation
     (``eval_loss``, ``eval_accuracy``: finite or ``None``; ``eval_examples``).
     """
 
@@ -484,7 +661,7 @@ class _Run:
     active: dict[str, int]
     arrays: ArrayRecord
     config: ConfigRecord
-    classes: list[str]
+    prepared: Prepared
     node_site: dict[int, str]
     players: list[str]
     player_of: dict[str, int]
@@ -496,43 +673,66 @@ class _Run:
     )
     history: list[RoundLog] = field(default_factory=list)
     last_eval: dict[str, SiteEvaluation] = field(default_factory=dict)
+    reports: dict[str, EvalReport] = field(default_factory=dict)
     aggregate_eval: dict = field(default_factory=dict)
 
-    def send_model(self, message_type: str, reply_type, sites_out: dict[str, dict]):
-        """:func:`fan_out` of the current model to the active sites, with the run's settings."""
-        return fan_out(
-            message_type,
-            self.arrays,
-            grid=self.grid,
-            active=self.active,
-            node_site=self.node_site,
-            config=self.config,
-            timeout=self.cfg.round_timeout,
-            poll=self.cfg.poll_interval,
-            sites_out=sites_out,
-            reply_type=reply_type,
+    @property
+    def task(self) -> str:
+        return self.prepared.fitted.task
+
+    @property
+    def classes(self) -> list[str]:
+        return self.prepared.fitted.classes
+
+    def send_model(self, message_type: str, reply_type, sites_out: dict[str, dict], rnd: int):
+        """:func:`fan_out` of the current model to the active sites, with the run's settings;
+        a non-finite reply posts the round as partial, then raises ``NonFinite``."""
+        try:
+            return fan_out(
+                message_type,
+                self.arrays,
+                grid=self.grid,
+                active=self.active,
+                node_site=self.node_site,
+                config=self.config,
+                timeout=self.cfg.round_timeout,
+                poll=self.cfg.poll_interval,
+                sites_out=sites_out,
+                reply_type=reply_type,
+                rnd=rnd,
+            )
+        except NonFinite:
+            self.post_partial(rnd, sites_out)
+            raise
+
+    def post_partial(self, rnd: int, sites_out: dict[str, dict]) -> None:
+        """Post round ``rnd`` as partial: only the sites' parts are recorded."""
+        self.reporter.post(
+            Round(
+                round=rnd,
+                sites={s: _site_round(e) for s, e in sites_out.items()},
+                partial=True,
+            )
         )
 
 
 def _discover_sites(
     grid: Grid, cfg: RunConfig, reporter: Reporter
-) -> tuple[dict[str, int], dict[str, tuple[SiteInfo, FeatureStats]]]:
-    """Step 1: find the job's sites, post ``started``; return ``(site→node of the ready sites,
-    their discovery replies)``. Raises ``JobFailed`` when fewer than ``min_sites`` are ready."""
+) -> tuple[dict[str, int], dict[str, tuple[SiteInfo, SiteSummary]], Started]:
+    """Step 1: find the job's sites; return ``(site→node of the ready sites, their discovery
+    replies, the ``started`` event to post)``. Raises ``JobFailed`` (after posting ``started``)
+    when fewer than ``min_sites`` are ready."""
     spec = cfg.spec
     site_node, site_reply, site_error = discover(
         grid, spec, timeout=cfg.discovery_timeout, poll=cfg.poll_interval
     )
     missing = sorted(set(spec.sites) - set(site_node))
     active = {s: n for s, n in site_node.items() if s not in site_error}
-    reporter.post(
-        Started(
-            nodes={s: str(n) for s, n in site_node.items()},
-            missing=missing,
-            errors=site_error,
-        )
+    started = Started(
+        nodes={s: str(n) for s, n in site_node.items()}, missing=missing, errors=site_error
     )
     if len(active) < spec.min_sites:
+        reporter.post(started)
         problems = [f"{s} is not connected." for s in missing] + [
             f"{s} could not take part: {_without_site(e, s)}" for s, e in sorted(site_error.items())
         ]
@@ -540,7 +740,7 @@ def _discover_sites(
             f"Only {len(active)} of {len(spec.sites)} sites could take part, and the job needs "
             f"{spec.min_sites}. " + " ".join(problems)
         )
-    return active, site_reply
+    return active, site_reply, started
 
 
 def _start(
@@ -548,20 +748,22 @@ def _start(
     cfg: RunConfig,
     reporter: Reporter,
     active: dict[str, int],
-    site_reply: dict[str, tuple[SiteInfo, FeatureStats]],
+    site_reply: dict[str, tuple[SiteInfo, SiteSummary]],
+    started: Started,
 ) -> _Run:
-    """Step 2: federated standardisation (``task.combine_sums`` of the ready sites' statistics),
-    the global class list and the initial model. Raises ``JobFailed`` for fewer than 2 classes."""
-    mean, std = combine_sums(
-        [
-            (stats.num_examples, np.asarray(stats.mean), np.asarray(stats.m2))
-            for _, stats in (site_reply[s] for s in active)
-        ]
-    )
-    classes = sort_classes({c for s in active for c in site_reply[s][0].labels})
-    if len(classes) < 2:
-        raise JobFailed(f"the target has {len(classes)} class(es) across all sites; need 2 or more")
-    arrays = ArrayRecord(init_params(len(mean), len(classes)))
+    """Step 2: the federated preprocessing (:func:`prepare`: fills, vocabularies,
+    standardisation, the global class list), posted with ``started``, and the initial model.
+    Raises ``JobFailed`` (after posting ``started``) when the data cannot be prepared."""
+    try:
+        prepared = prepare(
+            grid, cfg.spec, active, site_reply, timeout=cfg.round_timeout, poll=cfg.poll_interval
+        )
+    except JobFailed:
+        reporter.post(started)
+        raise
+    reporter.post(replace(started, preparation=prepared.preparation))
+    fitted = prepared.fitted
+    arrays = ArrayRecord(init_params(len(fitted.mean), max(1, len(fitted.classes))))
     players = sorted(active)  # contribution players: index = position
     return _Run(
         grid=grid,
@@ -569,10 +771,8 @@ def _start(
         reporter=reporter,
         active=active,
         arrays=arrays,
-        config=ConfigRecord(
-            {"feature-mean": mean.tolist(), "feature-std": std.tolist(), "classes": classes}
-        ),
-        classes=classes,
+        config=ConfigRecord({"preprocess": fitted.to_text(), "classes": fitted.classes or [""]}),
+        prepared=prepared,
         node_site={n: s for s, n in active.items()},
         players=players,
         player_of={s: i for i, s in enumerate(players)},
@@ -584,9 +784,10 @@ def _train_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> dict:
     """Round step a: train at the active sites, log the round for the contribution and move the
     global model to Flower's FedAvg aggregate. Returns the aggregated train metrics. A site's
     outcome goes into ``sites_out``; with fewer than ``min_sites`` replies the round is posted
-    as partial and ``JobFailed`` raised."""
+    as partial and ``JobFailed`` raised; a reply or an aggregate with NaN or infinity raises
+    ``NonFinite`` naming the round (and the site)."""
     min_sites = run.cfg.spec.min_sites
-    train = run.send_model(MessageType.TRAIN, TrainReply, sites_out)
+    train = run.send_model(MessageType.TRAIN, TrainReply, sites_out, rnd)
     for node, (_, m) in train.items():
         sites_out[run.node_site[node]].update(
             ok=True,
@@ -598,13 +799,7 @@ def _train_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> dict:
             bytes_sent=m.bytes_sent,
         )
     if len(train) < min_sites:
-        run.reporter.post(
-            Round(
-                round=rnd,
-                sites={s: _site_round(e) for s, e in sites_out.items()},
-                partial=True,
-            )
-        )
+        run.post_partial(rnd, sites_out)
         raise JobFailed(
             f"round {rnd}: {len(train)} of {len(run.active)} sites replied (need {min_sites})"
         )
@@ -616,34 +811,54 @@ def _train_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> dict:
             examples={player[n]: m.num_examples for n, (_, m) in train.items()},
         )
     )
-    run.arrays, train_agg = run.strategy.aggregate_train(rnd, [r for r, _ in train.values()])
+    arrays, train_agg = run.strategy.aggregate_train(rnd, [r for r, _ in train.values()])
+    if not all(np.isfinite(a).all() for a in _arrays(arrays)):
+        run.post_partial(rnd, sites_out)
+        raise NonFinite(f"round {rnd}: the aggregated model is not finite (NaN or infinity)")
+    run.arrays = arrays
     return train_agg or {}
 
 
 def _evaluate_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> None:
     """Round step b: federated evaluation of the new global model at the active sites; each
     site's figures (and metering, added to its training's) go into ``sites_out`` and
-    ``run.last_eval``, Flower's aggregate into ``run.aggregate_eval``."""
-    evaluation = run.send_model(MessageType.EVALUATE, EvaluateReply, sites_out)
-    for node, (_, m) in evaluation.items():
+    ``run.last_eval``, Flower's aggregate into ``run.aggregate_eval``. After the last round each
+    site's final aggregates (``contract.EvalReport``) go into ``run.reports`` and its metrics
+    into ``run.last_eval``."""
+    final = rnd == run.cfg.num_rounds
+    evaluation = run.send_model(MessageType.EVALUATE, EvaluateReply, sites_out, rnd)
+    for node, (reply, m) in evaluation.items():
         site = run.node_site[node]
         entry = sites_out[site]
+        accuracy = m.eval_accuracy if run.task == "classification" else None
         entry.update(
             eval_examples=m.num_examples,
             eval_loss=m.eval_loss,
-            eval_accuracy=m.eval_accuracy,
+            eval_accuracy=accuracy,
             cpu_seconds=entry.get("cpu_seconds", 0.0) + m.cpu_seconds,
             wall_seconds=entry.get("wall_seconds", 0.0) + m.wall_seconds,
             bytes_received=entry.get("bytes_received", 0) + m.bytes_received,
             bytes_sent=entry.get("bytes_sent", 0) + m.bytes_sent,
         )
+        site_scores = None
+        if final:
+            try:
+                run.reports[site] = EvalReport.from_record(reply.content["report"])
+                site_scores = site_metrics(run.task, run.reports[site])
+            except (ContractError, KeyError) as exc:
+                entry.update(ok=False, error=sanitise(f"malformed evaluation report: {exc}"))
         run.last_eval[site] = SiteEvaluation(
-            eval_examples=m.num_examples, eval_loss=m.eval_loss, eval_accuracy=m.eval_accuracy
+            eval_examples=m.num_examples,
+            eval_loss=m.eval_loss,
+            eval_accuracy=accuracy,
+            metrics=site_scores,
         )
     eval_agg = run.strategy.aggregate_evaluate(rnd, [r for r, _ in evaluation.values()]) or {}
     run.aggregate_eval = {
         "eval_loss": finite_or_none(eval_agg.get("eval-loss")),
-        "eval_accuracy": finite_or_none(eval_agg.get("eval-accuracy")),
+        "eval_accuracy": (
+            finite_or_none(eval_agg.get("eval-accuracy")) if run.task == "classification" else None
+        ),
         "eval_examples": sum(int(e.get("eval_examples", 0)) for e in sites_out.values()),
     }
 
@@ -670,6 +885,7 @@ def _round(run: _Run, rnd: int) -> None:
     """One FedAvg round: train, evaluate, post the ``round`` event (step c), drop sites."""
     t0 = time.monotonic()
     run.config["server-round"] = rnd
+    run.config["final"] = rnd == run.cfg.num_rounds
     sites_out: dict[str, dict] = {s: {"node_id": str(n)} for s, n in run.active.items()}
     train_agg = _train_round(run, rnd, sites_out)
     _evaluate_round(run, rnd, sites_out)
@@ -687,16 +903,31 @@ def _round(run: _Run, rnd: int) -> None:
 
 
 def _finish(run: _Run) -> None:
-    """Step 4: post ``finished`` with the final model. Raises ``JobFailed`` when the final
+    """Step 4: post ``finished`` with the final model, the pooled metrics and the baseline
+    (``frp_flwr.metrics``) and the fitted preprocessing. Raises ``JobFailed`` when the final
     federated loss is not finite (the model diverged)."""
     if run.aggregate_eval.get("eval_loss") is None:
         raise JobFailed("the final model's federated loss is not a finite number (it diverged)")
+    pooled = baseline_ = None
+    if run.reports:
+        reports = list(run.reports.values())
+        pooled = pooled_metrics(run.task, reports)
+        baseline_ = baseline(
+            run.task,
+            reports,
+            pooled,
+            classes=run.classes,
+            train_labels=run.prepared.train_labels,
+        )
     run.reporter.post(
         Finished(
             rounds=run.cfg.num_rounds,
             sites=run.last_eval,
             classes=run.classes,
             model=[a.tolist() for a in run.arrays.to_numpy_ndarrays()],
+            metrics=pooled,
+            baseline=baseline_,
+            preprocessing=json.loads(run.prepared.fitted.to_text()),
             **run.aggregate_eval,
         )
     )
@@ -715,6 +946,7 @@ def _report_contribution(run: _Run) -> None:
             config=run.config,
             timeout=run.cfg.round_timeout,
             poll=run.cfg.poll_interval,
+            task=run.task,
         )
     except Exception as exc:  # contribution is an add-on: the trained model stands regardless
         log.warning("contribution evaluation failed: %s", exc)
@@ -723,15 +955,15 @@ def _report_contribution(run: _Run) -> None:
 
 
 def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
-    """Discovery, FedAvg rounds and reporting for one job (see the module docstring).
+    """Discovery, preparation, FedAvg rounds and reporting for one job (module docstring).
 
-    Steps: :func:`_discover_sites` (``started``), :func:`_start` (standardisation, classes,
-    initial model), ``num_rounds`` × :func:`_round` (train, evaluate, ``round``, drop sites),
-    :func:`_finish` (``finished``) and, unless ``cfg.contribution`` is off,
-    :func:`_report_contribution`. Raises ``JobFailed`` with the reason the run cannot go on.
+    Steps: :func:`_discover_sites`, :func:`_start` (the federated preprocessing, posted with
+    ``started``; classes; initial model), ``num_rounds`` × :func:`_round` (train, evaluate,
+    ``round``, drop sites), :func:`_finish` (``finished``) and, unless ``cfg.contribution`` is
+    off, :func:`_report_contribution`. Raises ``JobFailed`` with the reason the run cannot go on.
     """
-    active, site_reply = _discover_sites(grid, cfg, reporter)
-    run = _start(grid, cfg, reporter, active, site_reply)
+    active, site_reply, started = _discover_sites(grid, cfg, reporter)
+    run = _start(grid, cfg, reporter, active, site_reply, started)
     for rnd in range(1, cfg.num_rounds + 1):
         _round(run, rnd)
     _finish(run)
