@@ -283,6 +283,11 @@ if not _SQLITE and CACHES["default"]["BACKEND"].endswith("LocMemCache"):
         "set CACHE_URL (e.g. redis://host:6379/1): with PostgreSQL several processes serve "
         "requests, and a local-memory cache would count sign-in attempts per process"
     )
+if not DEBUG and CACHES["default"]["BACKEND"].endswith("DummyCache"):
+    raise ImproperlyConfigured(
+        "CACHE_URL=dummycache:// stores nothing, which turns the sign-in rate limits off: set a "
+        "real cache (e.g. redis://host:6379/1); the dummy cache is only for DEBUG"
+    )
 
 # --- Accounting ---------------------------------------------------------------------------------
 # The federation's one billing currency (ISO 4217) for price rules and invoices.

@@ -74,6 +74,29 @@ def test_postgresql_refuses_a_per_process_cache(tmp_path, cache_url):
     assert out.returncode != 0 and "set CACHE_URL" in out.stderr
 
 
+@pytest.mark.parametrize("database_url", ["postgres://frp@db:5432/frp", None])
+def test_a_dummy_cache_is_refused_outside_debug(tmp_path, database_url):
+    """Hostile re-test, finding 9: ``CACHE_URL=dummycache://`` was accepted with PostgreSQL and
+    silently turned the sign-in rate limits off."""
+    env = {"CACHE_URL": "dummycache://", "DEBUG": "False", "SECRET_KEY": "x" * 50}
+    env["ALLOWED_HOSTS"] = "portal.example.org"
+    env["FRP_FIELD_KEY_FILE"] = str(tmp_path / "field.key")  # the checks before the cache's
+    if database_url:
+        env.update(DATABASE_URL=database_url, CELERY_BROKER_URL="redis://redis:6379/0")
+
+    out = _settings(tmp_path, **env)
+
+    assert out.returncode != 0
+    assert "dummycache" in out.stderr and "rate limits" in out.stderr
+
+
+def test_a_dummy_cache_is_allowed_while_debugging(tmp_path):
+    out = _settings(tmp_path, CACHE_URL="dummycache://", DEBUG="True")
+
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["BACKEND"].endswith("DummyCache")
+
+
 @pytest.mark.django_db
 def test_failed_sign_ins_are_counted_in_redis(client):
     """The test settings (PostgreSQL) count allauth's sign-in failures in the shared Redis."""
