@@ -8,6 +8,14 @@ from django.db import connection
 
 TABLE = "portal_ledgerentry"
 TRIGGER = "portal_ledgerentry_append_only"
+#: Every append-only trigger on the ledger's tables (migrations 0003 and 0006), table → triggers.
+TRIGGERS = {
+    TABLE: (TRIGGER, "portal_ledgerentry_no_truncate"),
+    "portal_ledgercheckpoint": (
+        "portal_ledgercheckpoint_append_only",
+        "portal_ledgercheckpoint_no_truncate",
+    ),
+}
 
 
 def isolated_ledger_key(settings, tmp_path):
@@ -23,17 +31,26 @@ def isolated_ledger_key(settings, tmp_path):
 
 @contextlib.contextmanager
 def append_only_trigger_disabled():
-    """Disable the PostgreSQL append-only trigger (the tests run as the superuser that owns it)."""
-    with connection.cursor() as cursor:
-        cursor.execute(f"ALTER TABLE {TABLE} DISABLE TRIGGER {TRIGGER}")
+    """Disable the PostgreSQL append-only triggers of leaves and checkpoints (the tests run as the
+    superuser that owns them)."""
+
+    def switch(state: str) -> None:
+        with connection.cursor() as cursor:
+            # Deferred foreign-key checks of the tampering (a deleted checkpoint) run first:
+            # PostgreSQL refuses ALTER TABLE while trigger events are pending.
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+            for table, triggers in TRIGGERS.items():
+                for trigger in triggers:
+                    cursor.execute(f"ALTER TABLE {table} {state} TRIGGER {trigger}")
+
+    switch("DISABLE")
     try:
         yield
     finally:
-        with connection.cursor() as cursor:
-            cursor.execute(f"ALTER TABLE {TABLE} ENABLE TRIGGER {TRIGGER}")
+        switch("ENABLE")
 
 
 def raw_sql(sql: str, params=()) -> None:
-    """Run SQL behind the ORM's back, with the append-only trigger disabled."""
+    """Run SQL behind the ORM's back, with the append-only triggers disabled."""
     with append_only_trigger_disabled(), connection.cursor() as cursor:
         cursor.execute(sql, params)

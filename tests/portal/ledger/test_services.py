@@ -184,6 +184,112 @@ def test_postgresql_trigger_refuses_raw_update_and_delete(sql):
     assert LedgerEntry.objects.get(index=0).kind == "usage"
 
 
+_POSTGRESQL_ONLY = pytest.mark.skipif(
+    django_settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",
+    reason="these triggers are PostgreSQL's",
+)
+
+
+@_POSTGRESQL_ONLY
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "TRUNCATE portal_ledgerentry",
+        "TRUNCATE portal_ledgercheckpoint, portal_ledgercosignature",
+        "UPDATE portal_ledgercheckpoint SET note = note",
+        "DELETE FROM portal_ledgercheckpoint",
+    ],
+)
+def test_postgresql_refuses_truncate_and_checkpoint_changes(sql):
+    """Hostile re-test, variant 10b: the app's role owns the tables, so TRUNCATE (which fires no
+    DELETE trigger) emptied the leaves and a shorter ledger was inserted that ``ledger_verify``
+    passed; checkpoints had no guard at all."""
+    ledger_append(kind="usage", record={"job": 1})
+    ledger_checkpoint_create()
+
+    with (
+        pytest.raises(IntegrityError, match="ledger is append-only: (TRUNCATE|UPDATE|DELETE)"),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(sql)
+    assert LedgerEntry.objects.count() == 1
+    assert LedgerCheckpoint.objects.count() == 1
+
+
+def _sqlite_ledger(tmp_path, leaves: int):
+    """A real ``migrate`` on a fresh SQLite file, ``leaves`` appended through the service (its
+    one-statement batches and single appends) with checkpoints; returns a ``sqlite3`` connection."""
+    import os
+    import sqlite3
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    db = tmp_path / "portal.sqlite3"
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{db}",
+        "DJANGO_SETTINGS_MODULE": "portal.settings",
+        "FRP_VAR_DIR": str(tmp_path / "var"),
+        "FRP_LEDGER_SIGNER_KEY": "",
+        "FRP_LEDGER_KEY_FILE": str(tmp_path / "signer.key"),
+    }
+    manage = Path(__file__).parents[3] / "manage.py"
+    subprocess.run(
+        [sys.executable, str(manage), "migrate", "--noinput", "-v0"], env=env, check=True
+    )
+    code = (
+        "from portal.ledger.services import ledger_append, ledger_append_many, "
+        "ledger_checkpoint_create as c\n"
+        f"ledger_append_many(entries=[('usage', {{'job': i}}) for i in range({leaves - 1})]); c()\n"
+        f"ledger_append(kind='usage', record={{'job': {leaves - 1}}}); c()\n"
+    )
+    subprocess.run([sys.executable, str(manage), "shell", "-c", code], env=env, check=True)
+    return sqlite3.connect(db)
+
+
+@pytest.mark.slow
+def test_sqlite_refuses_insert_or_replace_of_leaves_and_checkpoints(tmp_path):
+    """Hostile re-test, variant 10a: REPLACE deletes the clashing rows without firing the DELETE
+    trigger (``recursive_triggers`` is off), so ``INSERT OR REPLACE`` rewrote leaf 3 in place and
+    shortened the ledger from its end; checkpoints could be deleted and replaced freely."""
+    import sqlite3
+
+    con = _sqlite_ledger(tmp_path, leaves=6)
+    rows = con.execute(
+        'SELECT id, "index", kind, data, leaf_hash, created_at FROM portal_ledgerentry '
+        'ORDER BY "index"'
+    ).fetchall()
+    assert [r[1] for r in rows] == list(range(6))  # the service's own appends pass the guard
+    leaf3 = rows[3]
+    columns = '(id, "index", kind, data, leaf_hash, created_at)'
+    attacks = [
+        # rewrite leaf 3 in place
+        (f"INSERT OR REPLACE INTO portal_ledgerentry {columns} VALUES (?, ?, ?, ?, ?, ?)",
+         (leaf3[0], 3, "usage", '{"job":99,"kind":"usage"}', leaf3[4], leaf3[5])),
+        # shorten: leaf 5's id at index 3 removes both rows, then leaf 3 goes back
+        (f"REPLACE INTO portal_ledgerentry {columns} VALUES (?, ?, ?, ?, ?, ?)",
+         (rows[5][0], 3, *leaf3[2:])),
+        # a leaf that skips an index (a gap the next append would fill elsewhere)
+        (f"INSERT INTO portal_ledgerentry {columns} VALUES (NULL, 9, 'usage', '{{}}', x'00', ?)",
+         (leaf3[5],)),
+        ("INSERT OR REPLACE INTO portal_ledgercheckpoint (id, size, root_hash, note, created_at) "
+         "SELECT id, size, x'00', 'forged', created_at FROM portal_ledgercheckpoint", ()),
+        ("DELETE FROM portal_ledgercheckpoint", ()),
+        ("UPDATE portal_ledgercheckpoint SET note = 'forged'", ()),
+    ]
+    for sql, params in attacks:
+        with pytest.raises(sqlite3.IntegrityError, match="ledger is append-only"):
+            con.execute(sql, params)
+    con.rollback()
+    assert con.execute(
+        'SELECT id, "index", kind, data, leaf_hash, created_at FROM portal_ledgerentry '
+        'ORDER BY "index"'
+    ).fetchall() == rows
+    assert [r[0] for r in con.execute("SELECT size FROM portal_ledgercheckpoint ORDER BY size")] == [5, 6]
+
+
 # --- the signing key ----------------------------------------------------------------------------
 
 
