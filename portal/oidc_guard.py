@@ -8,9 +8,10 @@ Contract:
 
 - :func:`check_url` — ``https`` only (``http`` too while ``DEBUG``: ``FRP_OIDC_ALLOW_HTTP``), no
   credentials in the URL, and
-  every address the host is or resolves to is public: loopback, private (RFC 1918, ULA), link-local
-  (with the cloud metadata address 169.254.169.254), multicast, reserved and unspecified addresses
-  are refused unless ``settings.FRP_OIDC_ALLOWED_HOSTS`` names the host, the address or a network
+  every address the host is or resolves to is public (``ipaddress``'s ``is_global``): loopback,
+  private (RFC 1918, ULA), link-local (with the cloud metadata addresses 169.254.169.254 and
+  100.100.100.200), multicast, reserved, unspecified and every other non-global address (RFC 6598
+  shared space 100.64.0.0/10, 6to4, the IANA special-purpose blocks) are refused unless ``settings.FRP_OIDC_ALLOWED_HOSTS`` names the host, the address or a network
   (CIDR) holding it. Raises :class:`IssuerError`.
 - :func:`guarded_session` — a ``requests`` session that checks every URL it is asked for the same
   way (so a discovery document cannot point the token or key endpoint at an internal address),
@@ -32,7 +33,32 @@ import requests
 from django.conf import settings
 
 FETCH_TIMEOUT = 10  # seconds
-_METADATA = {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
+_METADATA = {
+    ipaddress.ip_address("169.254.169.254"),  # AWS, GCP, Azure, OpenStack …
+    ipaddress.ip_address("fd00:ec2::254"),  # AWS over IPv6
+    ipaddress.ip_address("100.100.100.200"),  # Alibaba Cloud
+}
+
+#: IANA special-purpose blocks that are not globally reachable (RFC 6890 and its updates), which
+#: some Python versions' ``is_global`` still counts as global: checked as well.
+_NOT_GLOBAL = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        "100.64.0.0/10",  # RFC 6598 shared address space (carrier-grade NAT)
+        "192.0.0.0/24",  # IETF protocol assignments
+        "192.0.2.0/24",  # documentation (TEST-NET-1)
+        "198.18.0.0/15",  # benchmarking
+        "198.51.100.0/24",  # documentation (TEST-NET-2)
+        "203.0.113.0/24",  # documentation (TEST-NET-3)
+        "240.0.0.0/4",  # reserved
+        "64:ff9b::/96",  # NAT64 (embeds an IPv4 address)
+        "64:ff9b:1::/48",  # local-use NAT64
+        "100::/64",  # discard-only
+        "2001::/23",  # IETF protocol assignments (Teredo, ORCHIDv2 …)
+        "2001:db8::/32",  # documentation
+        "2002::/16",  # 6to4 (embeds an IPv4 address)
+    )
+)
 
 
 class IssuerError(Exception):
@@ -65,6 +91,12 @@ def _forbidden(address) -> str | None:
     ):
         if getattr(address, test):
             return what
+    if not address.is_global or any(
+        address.version == n.version and address in n for n in _NOT_GLOBAL
+    ):
+        # Every other non-global range (RFC 6598 shared space 100.64.0.0/10, 192.0.0.0/24,
+        # 6to4 and other special-purpose blocks of the IANA registries): is_private misses them.
+        return "not a public address"
     return None
 
 

@@ -96,6 +96,11 @@ def _configure(issuer: str, institution=None):
         ("http://169.254.10.1/", "a link-local address"),
         ("http://0.0.0.0/", "an unspecified address"),
         ("https://admin:pw@idp.example.org/", "user name or password"),
+        # Hostile re-test, variant 3a: is_private is False for these, is_global too.
+        ("http://100.64.0.1/", "not a public address"),  # RFC 6598 shared address space
+        ("http://100.100.100.200/latest/meta-data/", "a cloud metadata address"),  # Alibaba
+        ("http://192.0.0.8/", "not a public address"),  # IETF protocol assignments
+        ("http://[2002:7f00:1::1]/", "not a public address"),  # 6to4 of 127.0.0.1
     ],
 )
 def test_issuer_on_internal_addresses_is_refused_when_saved(settings, issuer, why):
@@ -125,6 +130,13 @@ def test_the_allow_list_names_internal_issuers(settings, allowed):
     idp = _configure(f"http://{host}:8000/")
 
     assert idp.issuer == f"http://{host}:8000/"
+
+
+def test_the_allow_list_names_a_shared_address_space_issuer(settings):
+    """An operator whose IdP lives in 100.64.0.0/10 (carrier-grade NAT, Tailscale) names it."""
+    settings.FRP_OIDC_ALLOWED_HOSTS = ["100.64.0.0/10"]
+
+    assert oidc_guard.check_url("http://100.64.0.10/", must_resolve=False)
 
 
 def test_every_fetch_is_checked_even_of_urls_the_issuer_names(settings):
