@@ -10,7 +10,12 @@ Contract:
 - An e-mail address an IdP asserts counts as verified only where that IdP is trusted for it: the
   address is in its institution's e-mail domain (``Institution.email_domain``, which only the
   platform admin sets) and, for OpenID Connect, the IdP itself says ``email_verified``
-  (:func:`sso_email_trusted`). Anything else is kept unverified: it claims no invitation.
+  (:func:`sso_email_trusted`). Anything else is not stored at all (hostile re-test of issue 9,
+  finding 2a): an address another institution's IdP asserts never becomes the account's e-mail
+  or username, claims no invitation and reserves nothing, so it cannot lock out the address's
+  owner.
+- Usernames come from a trusted address's local part, else from the IdP's institution and the
+  subject (``inst-b-mallory``), never from an unverified address.
 - Local self-sign-up is closed unless ``FRP_OPEN_SIGNUP`` (accounts are onboarded by institutions).
 """
 
@@ -55,6 +60,25 @@ def _idp_for(sociallogin) -> IdentityProvider | None:
         .filter(provider_id=sociallogin.account.provider)
         .first()
     )
+
+
+def _says_verified(sociallogin, email: str) -> bool:
+    """Whether the IdP's own claims mark ``email`` verified (the provider set each address's
+    ``verified`` from OpenID Connect ``email_verified`` before :meth:`pre_social_login` runs)."""
+    return any(a.verified for a in sociallogin.email_addresses if a.email.lower() == email.lower())
+
+
+def _claim_verified_address(request, idp: IdentityProvider, email: str) -> None:
+    """A trusted IdP asserts ``email`` (verified) for a new account: refused when another account
+    already has it as its e-mail (case-insensitively; accounts are never linked by e-mail). Only
+    trusted addresses become an account's e-mail, so no other institution's IdP can hold one."""
+    if get_user_model().objects.filter(email__iexact=email).exists():
+        _refuse(
+            request,
+            "This e-mail address belongs to another account",
+            f"{idp.institution.name} asserted an e-mail address that an existing portal account "
+            "already uses. Accounts are never linked by e-mail; ask your institution admin.",
+        )
 
 
 def _refuse(request, title: str, message: str):
@@ -126,26 +150,34 @@ class SocialAccountAdapter(DefaultSocialAccountAdapter):
             )
         if sociallogin.is_existing:
             return
+        trusted = []
         for address in sociallogin.email_addresses:
-            address.verified = sso_email_trusted(
-                idp, address.email, idp_says_verified=bool(address.verified)
-            )
+            if sso_email_trusted(idp, address.email, idp_says_verified=bool(address.verified)):
+                address.verified = True
+                trusted.append(address)
+        sociallogin.email_addresses = trusted  # untrusted addresses are not stored at all
         email = (sociallogin.user.email or "").strip()
-        User = get_user_model()
-        if email and User.objects.filter(email__iexact=email).exists():
-            _refuse(
-                request,
-                "This e-mail address belongs to another account",
-                f"{idp.institution.name} asserted an e-mail address that an existing portal account "
-                "already uses. Accounts are never linked by e-mail; ask your institution admin.",
-            )
+        if email.lower() not in {a.email.strip().lower() for a in trusted}:
+            sociallogin.user.email = email = ""
+        if email:
+            _claim_verified_address(request, idp, email)
 
     def populate_user(self, request, sociallogin, data):
         user = super().populate_user(request, sociallogin, data)
         user.email = (user.email or "").strip().lower()
-        base = re.sub(
-            r"[^a-z0-9_.-]", "", (user.email.split("@")[0] or sociallogin.account.uid).lower()
+        idp = _idp_for(sociallogin)
+        trusted = bool(
+            user.email
+            and idp
+            and sso_email_trusted(
+                idp, user.email, idp_says_verified=_says_verified(sociallogin, user.email)
+            )
         )
+        if trusted:
+            base = re.sub(r"[^a-z0-9_.-]", "", user.email.split("@")[0].lower())
+        else:  # never an unverified address: the IdP's institution and its subject
+            prefix = f"{idp.institution.slug}-" if idp else ""
+            base = re.sub(r"[^a-z0-9_.-]", "", f"{prefix}{sociallogin.account.uid}".lower())
         base = (base or "user")[:24]
         User = get_user_model()
         candidate, n = base, 1

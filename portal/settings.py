@@ -136,6 +136,9 @@ ACCOUNT_UNIQUE_EMAIL = True
 # Single sign-on: identity is (IdP, subject). An e-mail address never links accounts.
 SOCIALACCOUNT_ADAPTER = "portal.adapters.SocialAccountAdapter"
 SOCIALACCOUNT_AUTO_SIGNUP = True
+# An SSO account needs no e-mail: an address its IdP is not trusted for is dropped (never the
+# account's e-mail or username, so it cannot squat another institution's member's address).
+SOCIALACCOUNT_EMAIL_REQUIRED = False
 SOCIALACCOUNT_EMAIL_AUTHENTICATION = False
 SOCIALACCOUNT_EMAIL_AUTHENTICATION_AUTO_CONNECT = False
 SOCIALACCOUNT_EMAIL_VERIFICATION = "none"
