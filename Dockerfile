@@ -45,4 +45,4 @@ EXPOSE 8000
 # gunicorn takes its worker count from WEB_CONCURRENCY.
 ENV WEB_CONCURRENCY=3
 CMD ["gunicorn", "portal.wsgi:application", "--bind", "0.0.0.0:8000", "--timeout", "60", \
-     "--access-logfile", "-"]
+     "--access-logfile", "-", "--logger-class", "portal.logredact.GunicornLogger"]

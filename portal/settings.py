@@ -363,10 +363,32 @@ if not DEBUG and not FRP_LEDGER_SIGNER_KEY and "FRP_LEDGER_KEY_FILE" not in os.e
         "set FRP_LEDGER_SIGNER_KEY (or FRP_LEDGER_KEY_FILE on a volume every process shares)"
     )
 
+# Every handler redacts secrets in request paths (reset and confirmation keys, invitation tokens,
+# an IdP's code and state): runserver's access log (django.server) and Django's request warnings
+# (django.request, through "django") included. gunicorn: --logger-class portal.logredact.GunicornLogger.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"redact": {"()": "portal.logredact.RedactSecretsFilter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "django.server": {
+            "()": "django.utils.log.ServerFormatter",
+            "format": "[{server_time}] {message}",
+            "style": "{",
+        },
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]},
+        "django.server": {
+            "class": "logging.StreamHandler",
+            "formatter": "django.server",
+            "filters": ["redact"],
+        },
+    },
+    "loggers": {
+        "django": {"handlers": [], "level": "INFO", "propagate": True},
+        "django.server": {"handlers": ["django.server"], "level": "INFO", "propagate": False},
+    },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
 }
