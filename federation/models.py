@@ -467,7 +467,8 @@ class RoundMetric(models.Model):
     train_loss = models.FloatField(null=True)
     eval_loss = models.FloatField(null=True)
     eval_accuracy = models.FloatField(null=True)
-    num_examples = models.PositiveIntegerField(default=0)
+    # 64-bit, as the contract's counts (frp_flwr.contract.MAX_COUNT = 2**63 - 1).
+    num_examples = models.PositiveBigIntegerField(default=0)
     sites_replied = models.PositiveIntegerField(default=0)
     wall_seconds = models.FloatField(null=True, help_text="Server-side duration of the round.")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -492,8 +493,9 @@ class SiteRoundMetric(models.Model):
     round = models.PositiveIntegerField()
     ok = models.BooleanField(default=True)
     error = models.TextField(blank=True)
-    train_examples = models.PositiveIntegerField(default=0)
-    eval_examples = models.PositiveIntegerField(default=0)
+    # 64-bit, as the contract's counts (frp_flwr.contract.MAX_COUNT = 2**63 - 1).
+    train_examples = models.PositiveBigIntegerField(default=0)
+    eval_examples = models.PositiveBigIntegerField(default=0)
     train_loss = models.FloatField(null=True)
     eval_loss = models.FloatField(null=True)
     eval_accuracy = models.FloatField(null=True)

@@ -263,3 +263,130 @@ def test_the_walk_reaches_every_portal_post_endpoint(world):
     urls = {url_of(e, w, idp) for e in endpoints()}
     assert f"/accounts/oidc/{idp.provider_id}/login/" in urls  # regex routes are filled too
     assert f"/jobs/{w.jobs['A-job'].pk}/stop/" in urls
+
+
+# --- signed callbacks with extreme numbers ------------------------------------------------------
+
+#: Numbers at and past the edges of the columns and of the contract: 32-bit and 53-bit integers,
+#: the largest count the contract allows (2⁶³−1) and one past it, the largest seconds it allows.
+EXTREME_INTS = [2**31 - 1, 2**31, 2**53 + 1, 2**63 - 1, 2**63]
+EXTREME_FLOATS = [1e9, 1e9 + 1, 1e12, 1e308]
+
+
+def _callback_templates(slugs: list[str]) -> list[dict]:
+    """One well-formed event of each kind the ServerApp sends, naming ``slugs``."""
+    site_round = {
+        "ok": True,
+        "train_examples": 40,
+        "eval_examples": 10,
+        "train_loss": 0.5,
+        "eval_loss": 0.5,
+        "eval_accuracy": 0.9,
+        "cpu_seconds": 1.0,
+        "wall_seconds": 1.0,
+        "bytes_received": 100,
+        "bytes_sent": 100,
+    }
+    metering = {
+        "examples": 10,
+        "cpu_seconds": 1.0,
+        "wall_seconds": 1.0,
+        "bytes_received": 1,
+        "bytes_sent": 1,
+    }
+    return [
+        {"event": "started", "nodes": {s: str(i + 1) for i, s in enumerate(slugs)}},
+        {
+            "event": "round",
+            "round": 1,
+            "train_loss": 0.5,
+            "eval_loss": 0.5,
+            "eval_accuracy": 0.9,
+            "train_examples": 80,
+            "eval_examples": 20,
+            "wall_seconds": 2.0,
+            "sites": {s: dict(site_round) for s in slugs},
+        },
+        {
+            "event": "finished",
+            "rounds": 1,
+            "eval_accuracy": 0.9,
+            "eval_loss": 0.5,
+            "eval_examples": 20,
+            "model": [[0.5, 0.25]],
+            "sites": {s: {"eval_examples": 10, "eval_accuracy": 0.9} for s in slugs},
+        },
+        {
+            "event": "contribution",
+            "players": slugs,
+            "method": "exact",
+            "utilities": {"0": {"": 0.5, "0": 0.7, "1": 0.6, "0,1": 0.9}},
+            "examples": {s: 10 for s in slugs},
+            "models": 4,
+            "permutations": 0,
+            "seed": 0,
+            "sites": {s: dict(metering) for s in slugs},
+            "wall_seconds": 1.0,
+        },
+    ]
+
+
+def _numeric_variants(payload: dict):
+    """``(path, payload with that one number replaced)`` for every numeric leaf and extreme."""
+
+    def leaves(node, path):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                yield from leaves(v, (*path, k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                yield from leaves(v, (*path, i))
+        elif isinstance(node, int | float) and not isinstance(node, bool):
+            yield path, node
+
+    def replaced(node, path, value):
+        if not path:
+            return value
+        copy = dict(node) if isinstance(node, dict) else list(node)
+        copy[path[0]] = replaced(node[path[0]], path[1:], value)
+        return copy
+
+    for path, old in leaves(payload, ()):
+        for value in EXTREME_INTS if isinstance(old, int) else EXTREME_FLOATS + EXTREME_INTS:
+            yield ".".join(map(str, path)) + f"={value}", replaced(payload, path, value)
+
+
+def test_signed_callbacks_with_extreme_numbers_never_answer_500(world):
+    """Hostile re-test, finding 7: a signed ``round`` with ``train_examples = 2**31`` (the
+    contract allowed 2⁶³−1, the columns were 32-bit) was a 500 ``DataError`` on PostgreSQL.
+
+    Every numeric field of every event the ServerApp sends, at every extreme, signed with the
+    run's real key, each as the first event of a running job (in a savepoint rolled back after).
+    """
+    from federation.models import JobStatus
+    from tests.federation.callback_support import body_of, post, signed
+
+    w, _ = world
+    job = w.jobs["A-job"]
+    job.status, job.flower_run_id = JobStatus.RUNNING, "7"
+    job.save(update_fields=["status", "flower_run_id"])
+    slugs = sorted(job.sites.values_list("site__slug", flat=True))
+    client = Client(raise_request_exception=False)
+    failures, posted, statuses = [], 0, set()
+    for template in _callback_templates(slugs):
+        for label, payload in _numeric_variants(template):
+            body = body_of(payload, seq=1)
+            with transaction.atomic():
+                try:
+                    status = post(client, job, body, signed(job, body)).status_code
+                except Exception as exc:  # noqa: BLE001 — collected and reported below
+                    status = f"{type(exc).__name__}: {exc}"[:300]
+                transaction.set_rollback(True)
+            posted += 1
+            statuses.add(status)
+            if status == 500 or not isinstance(status, int):
+                failures.append(f"{template['event']} {label}: {status}")
+    assert posted > 200 and 200 in statuses and 400 in statuses  # accepted and refused ones
+    assert not failures, f"{len(failures)} of {posted} signed callbacks answered 500:\n" + "\n".join(
+        failures
+    )
