@@ -464,7 +464,11 @@ def access_request_approve(
 
 
 def _ledger_access(request: AccessRequest, *, decision: str) -> None:
-    """The ledger leaf of an access decision (``approve``, ``refuse``, ``revoke``)."""
+    """The ledger leaf of an access decision (``approve``, ``refuse``, ``revoke``); a reason goes
+    in as ``portal.ledger.leaves.commitment`` only, its salt into an audit event beside the text."""
+    from portal.ledger.leaves import commitment
+
+    committed, salt = commitment(request.decision_reason) if request.decision_reason else (None, "")
     _ledger(
         "access_decision",
         access_request=request.pk,
@@ -474,14 +478,24 @@ def _ledger_access(request: AccessRequest, *, decision: str) -> None:
         by=request.decided_by_id,
         time=request.decided_at.isoformat(),
         expires_at=request.expires_at.isoformat() if request.expires_at else None,
-        # The reason is free text: only its SHA-256 goes into the public ledger (it can be proved
-        # later); the text itself stays in the audit event, which only the parties read.
-        reason_sha256=(
-            hashlib.sha256(request.decision_reason.encode()).hexdigest()
-            if request.decision_reason
-            else None
-        ),
+        # The reason is free text: only a salted commitment to it goes into the public ledger
+        # (it can be proved later with the salt); an unsalted hash let anyone confirm a guessed
+        # short reason (hostile re-test of issue 9, finding 4). The text and the salt stay in the
+        # audit log, which only the parties read.
+        reason_commitment=committed,
     )
+    if salt:
+        from portal.services import audit_record
+
+        audit_record(
+            by=None,
+            action="access.reason_commitment",
+            target=request,
+            institution=request.dataset.site.institution,
+            decision=decision,
+            reason=request.decision_reason,
+            reason_salt=salt,
+        )
 
 
 def _check_steward(by, request: AccessRequest) -> None:

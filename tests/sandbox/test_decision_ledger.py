@@ -4,6 +4,7 @@ job submission that a grant allows and a refusal blocks."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import timedelta
 
@@ -12,6 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from federation.models import FederatedJob
+from portal.ledger.leaves import commitment_matches
 from portal.ledger.merkle import leaf_hash
 from portal.ledger.models import LedgerEntry
 from portal.models import AuditEvent, Membership, ProjectRole, Role
@@ -67,11 +69,13 @@ def test_access_decisions_append_ledger_leaves(world):
     assert [leaf["access_request"] for leaf in leaves] == [req.pk, req.pk, refused.pk]
     assert {leaf["by"] for leaf in leaves} == {steward.pk}
     assert leaves[0]["expires_at"] == until.isoformat()
-    # `printf '%s' "consent withdrawn" | sha256sum` (coreutils)
-    assert leaves[1]["reason_sha256"] == (
-        "878929926f9d93eb8fc569082b233b5331b134f4d586023305207a88bf0cb453"
+    salt = AuditEvent.objects.get(action="access.reason_commitment", data__decision="revoke")
+    assert commitment_matches(
+        "consent withdrawn",
+        commitment_hex=leaves[1]["reason_commitment"],
+        salt_hex=salt.data["reason_salt"],
     )
-    assert leaves[0]["reason_sha256"] is None  # an approval without a note
+    assert leaves[0]["reason_commitment"] is None  # an approval without a note
     assert all("reason" not in leaf for leaf in leaves)
     req.refresh_from_db()
     assert leaves[1]["time"] == req.decided_at.isoformat()
@@ -91,12 +95,37 @@ def test_refusal_reason_stays_out_of_the_ledger_and_in_the_audit_log(world):
 
     assert not any(secret in e.data for e in LedgerEntry.objects.all())
     (leaf,) = _leaves("access_decision")
-    # `printf '%s' "under investigation for a data breach (confidential)" | sha256sum`
-    assert leaf["reason_sha256"] == (
-        "c649dca72226fa0d9408b08e29a927baa3a348a9207c5942c82b20574b82b88a"
-    )
     audit = AuditEvent.objects.get(action="access.refuse", target_id=str(req.pk))
     assert audit.data["reason"] == secret  # the parties still read it where it belongs
+
+
+def test_a_refusal_reason_cannot_be_confirmed_by_guessing(world):
+    """Hostile re-test, finding 4: the leaf held the reason's unsalted SHA-256, and a member of an
+    uninvolved institution confirmed the confidential reason by hashing 5 guesses. The leaf now
+    holds HMAC-SHA256 with a random salt that stays in the audit log beside the text."""
+    steward = world["stewards"][0]
+    secret = "under investigation for a data breach (confidential)"
+    req = _ask(world, 0)
+
+    services.access_request_decide(by=steward, request_id=req.pk, approve=False, reason=secret)
+
+    (entry,) = LedgerEntry.objects.filter(kind="access_decision")
+    leaf = json.loads(entry.data)
+    guesses = [secret, "no ethics approval", "consent withdrawn", "", "confidential"]
+    for guess in guesses:  # the tester's oracle: the plain and the hex digest of each guess
+        digest = hashlib.sha256(guess.encode()).hexdigest()
+        assert digest not in entry.data
+        assert leaf["reason_commitment"] != digest
+    opened = AuditEvent.objects.get(action="access.reason_commitment", target_id=str(req.pk))
+    assert opened.data["reason"] == secret
+    assert commitment_matches(
+        secret, commitment_hex=leaf["reason_commitment"], salt_hex=opened.data["reason_salt"]
+    )
+    assert not commitment_matches(
+        "no ethics approval",
+        commitment_hex=leaf["reason_commitment"],
+        salt_hex=opened.data["reason_salt"],
+    )
 
 
 def test_refused_decision_attempt_appends_nothing(world):
