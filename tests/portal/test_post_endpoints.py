@@ -387,6 +387,6 @@ def test_signed_callbacks_with_extreme_numbers_never_answer_500(world):
             if status == 500 or not isinstance(status, int):
                 failures.append(f"{template['event']} {label}: {status}")
     assert posted > 200 and 200 in statuses and 400 in statuses  # accepted and refused ones
-    assert not failures, f"{len(failures)} of {posted} signed callbacks answered 500:\n" + "\n".join(
-        failures
+    assert not failures, (
+        f"{len(failures)} of {posted} signed callbacks answered 500:\n" + "\n".join(failures)
     )

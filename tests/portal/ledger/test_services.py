@@ -263,19 +263,34 @@ def test_sqlite_refuses_insert_or_replace_of_leaves_and_checkpoints(tmp_path):
     ).fetchall()
     assert [r[1] for r in rows] == list(range(6))  # the service's own appends pass the guard
     leaf3 = rows[3]
-    columns = '(id, "index", kind, data, leaf_hash, created_at)'
+    replace = (
+        'INSERT OR REPLACE INTO portal_ledgerentry (id, "index", kind, data, leaf_hash, created_at)'
+        " VALUES (?, ?, ?, ?, ?, ?)"
+    )
     attacks = [
         # rewrite leaf 3 in place
-        (f"INSERT OR REPLACE INTO portal_ledgerentry {columns} VALUES (?, ?, ?, ?, ?, ?)",
-         (leaf3[0], 3, "usage", '{"job":99,"kind":"usage"}', leaf3[4], leaf3[5])),
+        (
+            replace,
+            (leaf3[0], 3, "usage", '{"job":99,"kind":"usage"}', leaf3[4], leaf3[5]),
+        ),
         # shorten: leaf 5's id at index 3 removes both rows, then leaf 3 goes back
-        (f"REPLACE INTO portal_ledgerentry {columns} VALUES (?, ?, ?, ?, ?, ?)",
-         (rows[5][0], 3, *leaf3[2:])),
+        (
+            replace.replace("INSERT OR REPLACE", "REPLACE"),
+            (rows[5][0], 3, *leaf3[2:]),
+        ),
         # a leaf that skips an index (a gap the next append would fill elsewhere)
-        (f"INSERT INTO portal_ledgerentry {columns} VALUES (NULL, 9, 'usage', '{{}}', x'00', ?)",
-         (leaf3[5],)),
-        ("INSERT OR REPLACE INTO portal_ledgercheckpoint (id, size, root_hash, note, created_at) "
-         "SELECT id, size, x'00', 'forged', created_at FROM portal_ledgercheckpoint", ()),
+        (
+            (
+                'INSERT INTO portal_ledgerentry (id, "index", kind, data, leaf_hash, created_at)'
+                " VALUES (NULL, 9, 'usage', '{}', x'00', ?)"
+            ),
+            (leaf3[5],),
+        ),
+        (
+            "INSERT OR REPLACE INTO portal_ledgercheckpoint (id, size, root_hash, note, created_at) "
+            "SELECT id, size, x'00', 'forged', created_at FROM portal_ledgercheckpoint",
+            (),
+        ),
         ("DELETE FROM portal_ledgercheckpoint", ()),
         ("UPDATE portal_ledgercheckpoint SET note = 'forged'", ()),
     ]
@@ -283,11 +298,16 @@ def test_sqlite_refuses_insert_or_replace_of_leaves_and_checkpoints(tmp_path):
         with pytest.raises(sqlite3.IntegrityError, match="ledger is append-only"):
             con.execute(sql, params)
     con.rollback()
-    assert con.execute(
-        'SELECT id, "index", kind, data, leaf_hash, created_at FROM portal_ledgerentry '
-        'ORDER BY "index"'
-    ).fetchall() == rows
-    assert [r[0] for r in con.execute("SELECT size FROM portal_ledgercheckpoint ORDER BY size")] == [5, 6]
+    assert (
+        con.execute(
+            'SELECT id, "index", kind, data, leaf_hash, created_at FROM portal_ledgerentry '
+            'ORDER BY "index"'
+        ).fetchall()
+        == rows
+    )
+    assert [
+        r[0] for r in con.execute("SELECT size FROM portal_ledgercheckpoint ORDER BY size")
+    ] == [5, 6]
 
 
 # --- the signing key ----------------------------------------------------------------------------
