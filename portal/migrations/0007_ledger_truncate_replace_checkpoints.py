@@ -82,7 +82,7 @@ def _run(postgresql: str, sqlite: list[str]):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("portal", "0005_idp_client_secret_sealed")]
+    dependencies = [("portal", "0006_audit_institution_newest_index")]
 
     operations = [
         migrations.RunPython(
