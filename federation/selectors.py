@@ -21,7 +21,9 @@ from federation.models import (
 from federation.runtime import LocalSite
 from frp_flwr.contract import SMALL_COUNT
 from portal.models import Membership, Project, ProjectMember, Role, Site
+from sandbox.selectors import stewarded_institution_ids
 from sandbox.sitestore import site_dir
+from sandbox.templatetags.sandbox_tags import disclosed
 
 
 def _visible_jobs(user):
@@ -101,14 +103,26 @@ def job_detail(*, user, pk: int) -> FederatedJob:
     )
 
 
-def job_progress(*, job: FederatedJob) -> dict:
+def shown_count(count: int | None, *, exact: bool) -> int | str | None:
+    """A site's row count as ``exact`` (its own stewards) or under the profile's disclosure rule
+    (everyone else: ``"≈150"``, ``"≤7"``, ``"0"``; ``sandbox.profile.safe_count``)."""
+    if count is None:
+        return None
+    return int(count) if exact else disclosed(count)
+
+
+def job_progress(*, job: FederatedJob, user=None) -> dict:
     """Everything the live progress panel shows: rounds, per-site rows, chart series.
 
     Returns ``{"rounds": [RoundMetric], "sites": [JobSite], "site_rounds": {site_id: [SiteRoundMetric]},
     "chart": {"round": [int], "eval_accuracy": [float|None], "eval_loss": [...], "train_loss": [...]},
-    "percent": int 0..100, "lost": [{"site": slug, "round": int, "error": text}]}``. A site is
-    *lost* in the first round it did not reply in (its SuperNode went offline, its ClientApp
-    failed, or it was dropped); each site row also gets ``lost_round`` (``None`` when not lost).
+    "percent": int 0..100, "lost": [{"site": slug, "round": int, "error": text}],
+    "final_metrics": dict}``. A site is *lost* in the first round it did not reply in (its
+    SuperNode went offline, its ClientApp failed, or it was dropped); each site row also gets
+    ``lost_round`` (``None`` when not lost). Each site carries ``train_rows``/``test_rows``
+    (its latest round's) and ``final_metrics`` the job's (without the model), with row counts
+    exact only for ``user``'s own sites as a data steward, else under the disclosure rule
+    (:func:`shown_count`): the examples a site trains and evaluates on are its dataset's rows.
     """
     rounds = list(RoundMetric.objects.filter(job=job).order_by("round"))
     sites = list(job.sites.select_related("site__institution", "dataset_version__dataset"))
@@ -116,6 +130,8 @@ def job_progress(*, job: FederatedJob) -> dict:
     for m in SiteRoundMetric.objects.filter(job_site__job=job).order_by("round"):
         site_rounds[m.job_site_id].append(m)
     lost = []
+    stewarded = stewarded_institution_ids(user=user) if user is not None else set()
+    exact = {s.site.slug: s.site.institution_id in stewarded for s in sites}
     for s in sites:
         s.round_rows = site_rounds[s.pk]
         s.last_round = site_rounds[s.pk][-1] if site_rounds[s.pk] else None
@@ -123,10 +139,14 @@ def job_progress(*, job: FederatedJob) -> dict:
         s.lost_round = failed.round if failed else None
         if failed:
             lost.append({"site": s.site.slug, "round": failed.round, "error": failed.error})
+        last = s.last_round
+        s.train_rows = shown_count(last.train_examples if last else None, exact=exact[s.site.slug])
+        s.test_rows = shown_count(last.eval_examples if last else None, exact=exact[s.site.slug])
     percent = 100 if job.status == "completed" else int(100 * len(rounds) / max(job.num_rounds, 1))
     return {
         "rounds": rounds,
         "sites": sites,
+        "final_metrics": _final_metrics_shown(job.final_metrics, exact),
         "percent": min(percent, 100),
         "lost": lost,
         "chart": {
@@ -136,6 +156,33 @@ def job_progress(*, job: FederatedJob) -> dict:
             "train_loss": [r.train_loss for r in rounds],
         },
     }
+
+
+def _final_metrics_shown(final: dict, exact: dict[str, bool]) -> dict:
+    """``job.final_metrics`` without the model, its row counts under :func:`shown_count`: the
+    total held-out rows exact only for a steward of every site, each site's in the contribution
+    only for its own stewards."""
+    out = {k: v for k, v in final.items() if k != "model"}
+    if "eval_examples" in out:
+        out["eval_examples"] = shown_count(
+            out["eval_examples"], exact=bool(exact) and all(exact.values())
+        )
+    contribution = out.get("contribution")
+    if isinstance(contribution, dict):
+        contribution = dict(contribution)
+        contribution["examples"] = {
+            site: shown_count(n, exact=exact.get(site, False))
+            for site, n in (contribution.get("examples") or {}).items()
+        }
+        contribution["sites"] = {
+            site: {
+                **m,
+                "examples": shown_count(m.get("examples"), exact=exact.get(site, False)),
+            }
+            for site, m in (contribution.get("sites") or {}).items()
+        }
+        out["contribution"] = contribution
+    return out
 
 
 def release_waiting_sites(*, job: FederatedJob, release) -> list:
@@ -325,7 +372,7 @@ def _confusion_display(confusion: list, classes: list) -> dict | None:
     }
 
 
-def job_results(*, job: FederatedJob) -> dict:
+def job_results(*, job: FederatedJob, user=None) -> dict:
     """The final results and data preparation as the job page shows them.
 
     Returns ``{"task", "metrics": [{"key", "label", "pooled", "sites": [float|None]}],
@@ -333,8 +380,10 @@ def job_results(*, job: FederatedJob) -> dict:
     "baseline": dict|None, "below_baseline": bool, "preparation": {"fills": [(feature, text)],
     "notes": [...], "columns": int, "sites": [{"site", "rows", "dropped_target",
     "dropped_rows", "train_rows", "test_rows", "imputed"}]} | None, "chart": {...}}`` —
-    confusion cells and preparation counts of 1–7 as ``"≤ 7"`` (the profile's disclosure rule).
+    confusion cells of 1–7 as ``"≤ 7"``; each site's preparation counts exact only for ``user``
+    as a data steward of that site, else under the disclosure rule (:func:`shown_count`).
     """
+    stewarded = stewarded_institution_ids(user=user) if user is not None else set()
     final = job.final_metrics or {}
     pooled = final.get("metrics") or {}
     classes = final.get("classes") or []
@@ -351,6 +400,7 @@ def job_results(*, job: FederatedJob) -> dict:
         for key, label in rows
         if pooled.get(key) is not None or any(m.get(key) is not None for _, m in site_metrics)
     ]
+    exact_sites = {js.site.slug for js in sites if js.site.institution_id in stewarded}
     preparation = None
     prep = job.preparation or {}
     if prep:
@@ -362,14 +412,18 @@ def job_results(*, job: FederatedJob) -> dict:
                 {
                     "site": slug,
                     **{
-                        k: small(v)
+                        k: shown_count(v, exact=slug in exact_sites)
                         for k, v in info.items()
                         if k
                         in ("rows", "dropped_target", "dropped_rows", "train_rows", "test_rows")
                     },
-                    "imputed": small(sum((info.get("imputed") or {}).values())),
+                    "imputed": shown_count(
+                        sum((info.get("imputed") or {}).values()), exact=slug in exact_sites
+                    ),
                     "imputed_by_feature": {
-                        f: small(n) for f, n in (info.get("imputed") or {}).items() if n
+                        f: shown_count(n, exact=slug in exact_sites)
+                        for f, n in (info.get("imputed") or {}).items()
+                        if n
                     },
                 }
                 for slug, info in sorted((prep.get("sites") or {}).items())
@@ -401,10 +455,10 @@ def job_results(*, job: FederatedJob) -> dict:
     }
 
 
-def public_final_metrics(job: FederatedJob) -> dict:
-    """``job.final_metrics`` for the JSON endpoint: without the model, confusion cells of 1–7
-    as ``"≤ 7"``."""
-    out = {k: v for k, v in job.final_metrics.items() if k != "model"}
+def public_final_metrics(final: dict) -> dict:
+    """Final metrics for the JSON endpoint (``job_progress``'s ``final_metrics``: without the
+    model, row counts under the disclosure rule), with confusion cells of 1–7 as ``"≤ 7"``."""
+    out = {k: v for k, v in (final or {}).items() if k != "model"}
     metrics = out.get("metrics")
     if isinstance(metrics, dict) and metrics.get("confusion"):
         out["metrics"] = {

@@ -142,9 +142,9 @@ def job_detail(request, pk: int):
         "release_waiting": selectors.release_waiting_sites(job=job, release=release),
         "energy": selectors.job_energy(job=job) if job.started_at else [],
         "schedule_reason_text": REASONS.get(job.sched_reason, ""),
-        "results": selectors.job_results(job=job),
+        "results": selectors.job_results(job=job, user=request.user),
     }
-    context.update(selectors.job_progress(job=job))
+    context.update(selectors.job_progress(job=job, user=request.user))
     return render(request, "federation/job_detail.html", context)
 
 
@@ -155,9 +155,9 @@ def job_progress(request, pk: int):
     context = {
         "job": job,
         "can_stop": can(request.user, "job.stop", job),
-        "results": selectors.job_results(job=job),
+        "results": selectors.job_results(job=job, user=request.user),
     }
-    context.update(selectors.job_progress(job=job))
+    context.update(selectors.job_progress(job=job, user=request.user))
     return render(request, "federation/partials/job_progress.html", context)
 
 
@@ -166,7 +166,7 @@ def job_progress_json(request, pk: int):
     """Progress as JSON (chart series, per-site rows) for scripts and the chart, plus the sections
     the floors above add (``portal.panels`` slot ``job_progress``: accounting's ``accounting``)."""
     job = _job_or_404(request, pk)
-    progress = selectors.job_progress(job=job)
+    progress = selectors.job_progress(job=job, user=request.user)
     return JsonResponse(
         {
             "id": job.pk,
@@ -177,8 +177,8 @@ def job_progress_json(request, pk: int):
             "rounds_done": len(progress["rounds"]),
             "chart": progress["chart"],
             "sites_lost": progress["lost"],
-            "final_metrics": selectors.public_final_metrics(job),
-            "results": selectors.job_results(job=job)["chart"],
+            "final_metrics": selectors.public_final_metrics(progress["final_metrics"]),
+            "results": selectors.job_results(job=job, user=request.user)["chart"],
             **panels.sections("job_progress", request=request, job=job),  # accounting's, …
             "sites": [
                 {
@@ -186,8 +186,9 @@ def job_progress_json(request, pk: int):
                     "institution": s.site.institution.name,
                     "status": s.status,
                     "rounds_completed": s.rounds_completed,
-                    "train_examples": s.last_round.train_examples if s.last_round else 0,
-                    "eval_examples": s.last_round.eval_examples if s.last_round else 0,
+                    # exact for the site's own stewards, else the disclosure rule ("≈150")
+                    "train_examples": s.train_rows if s.last_round else 0,
+                    "eval_examples": s.test_rows if s.last_round else 0,
                     "eval_accuracy": s.final_metrics.get("eval_accuracy")
                     or (s.last_round.eval_accuracy if s.last_round else None),
                     "error": s.last_error,

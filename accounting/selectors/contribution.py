@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 
 from accounting.models import ContributionMethod, ContributionScore, UsageRecord
 from federation.models import FederatedJob
+from federation.selectors import shown_count
 from portal.permissions import can
+from sandbox.selectors import stewarded_institution_ids
 
 #: Where a site's contribution share comes from, best first: the job page's chart and "share"
 #: column, the credit statement and the data credits of billing all use the first one present.
@@ -114,6 +116,14 @@ def job_contribution(*, user, job: FederatedJob) -> JobContribution:
         k: sum(getattr(u, k) for u in usage)
         for k in ("cpu_seconds", "wall_seconds", "examples", "bytes_received", "bytes_sent")
     }
+    # A site's examples are rounds × its dataset's rows: exact only for its own stewards, else
+    # under the profile's disclosure rule (hostile re-test of issue 9, finding 5).
+    stewarded = stewarded_institution_ids(user=user)
+    for u in usage:
+        u.examples_shown = shown_count(u.examples, exact=u.site.institution_id in stewarded)
+    totals["examples"] = shown_count(
+        totals["examples"], exact=all(u.site.institution_id in stewarded for u in usage)
+    )
     return JobContribution(
         visible=True,
         rows=rows,

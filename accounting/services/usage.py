@@ -15,6 +15,7 @@ from django.db.models import Count, Q, Sum
 from accounting.models import UsageRecord
 from federation.models import FederatedJob, SiteRoundMetric
 from federation.selectors import site_energy
+from portal.ledger.leaves import commitment
 from portal.ledger.services import ledger_append
 from portal.services import audit_record
 
@@ -28,14 +29,19 @@ def _dec(value: float, places: int = 6) -> str:
     return str(Decimal(repr(float(value))).quantize(Decimal(1).scaleb(-places)))
 
 
-def _ledger_record(record: UsageRecord, job: FederatedJob) -> dict:
+def _ledger_record(record: UsageRecord, job: FederatedJob, examples_commitment: str) -> dict:
+    """The usage leaf. Examples appear only as a salted commitment: every institution reads the
+    ledger, and ``examples`` = rounds × (train + test rows) + test rows gives away a site's exact
+    row count, which others see only under the profile's disclosure rule (hostile re-test of
+    issue 9, finding 5). The exact figure and the salt stay in the usage record and its audit
+    event, for the site's stewards and the parties."""
     return {
         "job": job.pk,
         "site": record.site.slug,
         "rounds": record.rounds,
         "cpu_seconds": _dec(record.cpu_seconds),
         "wall_seconds": _dec(record.wall_seconds),
-        "examples": record.examples,
+        "examples_commitment": examples_commitment,
         "bytes_received": record.bytes_received,
         "bytes_sent": record.bytes_sent,
         "cores": record.cores,
@@ -126,7 +132,8 @@ def usage_record_job(*, job: FederatedJob) -> list[UsageRecord]:
                 job=job, site=js.site, defaults=values
             )
             if created:
-                ledger_append(kind="usage", record=_ledger_record(record, job))
+                committed, salt = commitment(str(record.examples))
+                ledger_append(kind="usage", record=_ledger_record(record, job, committed))
                 audit_record(
                     by=None,
                     action="usage.record",
@@ -134,6 +141,8 @@ def usage_record_job(*, job: FederatedJob) -> list[UsageRecord]:
                     institution=js.site.institution,
                     job=job.pk,
                     site=js.site.slug,
+                    examples=record.examples,
+                    examples_salt=salt,
                 )
             records.append(record)
         return records

@@ -9,8 +9,10 @@ leaf and no one can remove one, so a free text goes in only as its SHA-256 (:fun
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import re
+import secrets
 from typing import Any
 
 
@@ -59,6 +61,24 @@ def check_no_free_text(value: Any, where: str = "record") -> None:
             f"{where}: {value[:40]!r} looks like free text; a leaf holds identifiers, figures and "
             "hashes only (put the text's SHA-256 in the leaf and the text in the audit log)"
         )
+
+
+def commitment(value: str) -> tuple[str, str]:
+    """A salted commitment to ``value`` for a ledger leaf: ``(commitment, salt)``, both hex.
+
+    ``commitment`` = HMAC-SHA256(key = salt, message = ``value`` as UTF-8) with a fresh random
+    16-byte salt. The leaf holds the commitment only; the salt stays beside the value (the audit
+    log), so the parties can later prove the value, while a reader of the leaf cannot confirm a
+    guess (a small count or a short text) by hashing candidates.
+    """
+    salt = secrets.token_bytes(16)
+    return hmac.new(salt, value.encode(), hashlib.sha256).hexdigest(), salt.hex()
+
+
+def commitment_matches(value: str, *, commitment_hex: str, salt_hex: str) -> bool:
+    """Whether ``value`` with ``salt_hex`` opens ``commitment_hex`` (constant-time compare)."""
+    expected = hmac.new(bytes.fromhex(salt_hex), value.encode(), hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected, commitment_hex)
 
 
 def text_sha256(text: str | None) -> str | None:

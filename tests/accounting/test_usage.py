@@ -138,6 +138,33 @@ def test_usage_ledger_leaf_holds_decimals_as_text(metered_job):
     assert leaf["memory_gib"] == "1.000"
 
 
+def test_usage_ledger_leaf_commits_to_examples_without_disclosing_them(metered_job):
+    """Hostile re-test, finding 5: the public usage leaf held ``examples`` = 5·189 + 38 = 983,
+    from which every institution read hospital-b's exact row count (189; the dataset page says
+    ≈190). The leaf now holds a salted commitment; the exact figure and the salt stay in the
+    usage record and its audit event, and open the commitment."""
+    from portal.ledger.leaves import commitment_matches
+    from portal.models import AuditEvent
+
+    (s0, _) = usage_record_job(job=metered_job)
+
+    entry = LedgerEntry.objects.get(kind="usage", data__contains='"s0"')
+    leaf = json.loads(entry.data)
+    assert "examples" not in leaf and str(s0.examples) not in entry.data
+    event = AuditEvent.objects.get(action="usage.record", target_id=str(s0.pk))
+    assert event.data["examples"] == s0.examples == 40 + 10 + 40 + 10 + 40
+    salt = event.data["examples_salt"]
+    assert commitment_matches(
+        str(s0.examples), commitment_hex=leaf["examples_commitment"], salt_hex=salt
+    )
+    # without the salt no guess can be confirmed; with it, only the true figure opens it
+    assert not any(
+        commitment_matches(str(n), commitment_hex=leaf["examples_commitment"], salt_hex=salt)
+        for n in range(1000)
+        if n != s0.examples
+    )
+
+
 def test_usage_of_running_job_refused_and_nothing_written():
     job = running_job(2)
     post(job, "round", round=1, sites={"s0": _site(4, 1, 0.1, 0.1, 10, 10)})

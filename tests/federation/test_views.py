@@ -371,8 +371,8 @@ def test_job_progress_json_returns_round_metrics(pi_client, world, job_with_roun
             "institution": site.institution.name,
             "status": "training",
             "rounds_completed": 2,
-            "train_examples": 40,
-            "eval_examples": 10,
+            "train_examples": "≈40",  # the PI stewards no site: the disclosure rule
+            "eval_examples": "≈10",
             "eval_accuracy": 0.9,
             "error": "",
             "lost_in_round": None,
@@ -419,6 +419,45 @@ def test_supernodes_page_is_for_platform_admins_and_says_when_the_superlink_is_s
     assert response.status_code == 200
     assert "The SuperLink did not answer" in response.content.decode()
     assert "no SuperLink connection file" in response.content.decode()
+
+
+def test_job_rows_are_exact_only_for_the_sites_own_stewards(client, world, job_with_rounds):
+    """Hostile re-test, finding 5: the job page and progress.json showed a site's exact train
+    and test rows (151 + 38 = its dataset's 189 rows) to researchers, while the dataset page
+    showed ≈190. Researchers and other institutions now see them under the profile's rule."""
+    js = job_with_rounds.sites.get()
+    SiteRoundMetric.objects.filter(job_site=js).update(train_examples=151, eval_examples=38)
+    FederatedJob.objects.filter(pk=job_with_rounds.pk).update(
+        final_metrics={
+            "eval_examples": 38,
+            "contribution": {
+                "examples": {js.site.slug: 38},
+                "sites": {js.site.slug: {"examples": 38}},
+            },
+        }
+    )
+    steward = UserFactory()
+    Membership.objects.create(user=steward, institution=js.site.institution, role=Role.DATA_STEWARD)
+    ProjectMemberFactory(project=job_with_rounds.project, user=steward)
+    shown = {}
+    for who in (world["pi"], steward):
+        client.force_login(who)
+        data = client.get(f"/jobs/{job_with_rounds.pk}/progress.json").json()
+        page = client.get(f"/jobs/{job_with_rounds.pk}/").content.decode()
+        (site,) = data["sites"]
+        final = data["final_metrics"]
+        shown[who.pk] = (
+            site["train_examples"],
+            site["eval_examples"],
+            final["eval_examples"],
+            final["contribution"]["examples"][js.site.slug],
+            final["contribution"]["sites"][js.site.slug]["examples"],
+            ">151<" in page,
+            ">38<" in page,
+        )
+
+    assert shown[world["pi"].pk] == ("≈150", "≈40", "≈40", "≈40", "≈40", False, False)
+    assert shown[steward.pk] == (151, 38, 38, 38, 38, True, True)
 
 
 def test_job_progress_json_accounting_empty_until_the_worker_wrote_it(pi_client, job_with_rounds):
