@@ -6,6 +6,8 @@ from decimal import Decimal
 
 from django import forms
 
+from federation import columns as job_columns
+from frp_flwr.contract import FEATURE_KINDS, MISSING_RULES, RULES_FOR_KIND, FeaturePlan
 from portal.selectors import projects_for_user
 from sandbox.selectors import stewarded_institution_ids, usable_versions
 
@@ -47,8 +49,8 @@ class JobSubmitForm(forms.Form):
     )
     feature_columns = forms.CharField(
         required=False,
-        help_text="Comma-separated numeric columns. Leave empty to use every numeric column the "
-        "datasets share, except the target.",
+        help_text="For scripted posts without the columns table: comma-separated columns. Empty: "
+        "every numeric column the datasets share, except the target and identifier-like ones.",
     )
     num_rounds = forms.IntegerField(
         min_value=1,
@@ -64,6 +66,8 @@ class JobSubmitForm(forms.Form):
         min_value=1e-6, max_value=10.0, initial=0.1, help_text="SGD step size at each site."
     )
 
+    columns_for = forms.CharField(required=False, widget=forms.HiddenInput)
+
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
         projects = projects_for_user(user=user)
@@ -72,6 +76,145 @@ class JobSubmitForm(forms.Form):
         if len(projects) == 1:
             self.fields["project"].initial = projects[0].pk
         self.fields["datasets"].queryset = self._versions_queryset(projects)
+        self.columns = self._add_column_fields()
+
+    # --- the columns table: one row of fields per column the chosen datasets share -----------
+
+    def chosen_versions(self) -> list:
+        """The offered dataset versions the (bound) form has ticked, in the queryset's order."""
+        if not self.is_bound:
+            return []
+        ids = {v for v in self.data.getlist(self.add_prefix("datasets")) if str(v).isdigit()}
+        return [v for v in self.fields["datasets"].queryset if str(v.pk) in ids]
+
+    @staticmethod
+    def signature(versions) -> str:
+        """Which versions a columns table was drawn for (its rows depend on them)."""
+        return ",".join(str(v.pk) for v in sorted(versions, key=lambda v: v.pk))
+
+    def _add_column_fields(self) -> list:
+        versions = self.chosen_versions()
+        cols = job_columns.common_columns(versions)
+        key = self.add_prefix("columns_for")
+        sent = self.is_bound and key in self.data
+        #: The post carries the columns table drawn for the datasets it chose.
+        self.table_posted = sent and self.data.get(key) == self.signature(versions)
+        #: A columns table was posted, but for other datasets than those chosen now.
+        self.table_stale = sent and not self.table_posted
+        fresh = not self.table_posted  # a new table: its fields show the careful defaults
+        target = (
+            (self.data.get(self.add_prefix("target_column")) or "").strip() if self.is_bound else ""
+        )
+        for i, col in enumerate(cols):
+            plan = col.default_plan() if col.kinds else None
+            kinds = [(k, job_columns.KIND_LABELS[k]) for k in col.kinds]
+            rules = [
+                (r, job_columns.RULE_LABELS[r])
+                for r in MISSING_RULES
+                if any(r in RULES_FOR_KIND[k] for k in col.kinds)
+            ]
+            self.fields[f"col{i}_name"] = forms.CharField(
+                initial=col.name, widget=forms.HiddenInput, required=False
+            )
+            check = forms.CheckboxInput(attrs={"class": "form-check-input"})
+            select = forms.Select(attrs={"class": "form-select form-select-sm"})
+            self.fields[f"col{i}_use"] = forms.BooleanField(
+                required=False,
+                initial=col.preselected and col.name != target,
+                widget=check,
+                label=f"Use {col.name}",
+                disabled=not col.kinds,
+            )
+            self.fields[f"col{i}_kind"] = forms.ChoiceField(
+                choices=kinds or [("", "—")],
+                required=False,
+                initial=plan.kind if plan else "",
+                widget=select,
+                label=f"{col.name}: treat as",
+            )
+            self.fields[f"col{i}_missing"] = forms.ChoiceField(
+                choices=rules or [("", "—")],
+                required=False,
+                initial=plan.missing if plan else "",
+                widget=select,
+                label=f"{col.name}: missing values",
+            )
+            self.fields[f"col{i}_indicator"] = forms.BooleanField(
+                required=False,
+                initial=plan.indicator if plan else False,
+                widget=forms.CheckboxInput(attrs={"class": "form-check-input"}),
+                label=f"{col.name}: add a missing indicator",
+            )
+            col.fields = {
+                part: self[f"col{i}_{part}"]
+                for part in ("name", "use", "kind", "missing", "indicator")
+            }
+            col.is_target = col.name == target
+            if fresh and self.is_bound:
+                # Unposted fields of a new table: show their defaults instead of "unticked".
+                data = self.data.copy()
+                for part in ("name", "use", "kind", "missing", "indicator"):
+                    key = self.add_prefix(f"col{i}_{part}")
+                    initial = self.fields[f"col{i}_{part}"].initial
+                    if isinstance(initial, bool):
+                        if initial:
+                            data[key] = "on"
+                        else:
+                            data.pop(key, None)
+                    else:
+                        data[key] = initial
+                self.data = data
+        if self.is_bound:
+            data = self.data.copy()
+            data[self.add_prefix("columns_for")] = self.signature(versions)
+            self.data = data
+        return cols
+
+    def table_choice(self) -> tuple[list[str], list[FeaturePlan]]:
+        """Features and their plans from the columns table (call after ``is_valid``)."""
+        target = self.cleaned_data.get("target_column", "")
+        features, plans = [], []
+        for i, col in enumerate(self.columns):
+            if not self.cleaned_data.get(f"col{i}_use") or col.name == target:
+                continue
+            if self.cleaned_data.get(f"col{i}_name") != col.name:
+                self.add_error(None, "The columns changed while you chose them: check them again.")
+                continue
+            kind = self.cleaned_data.get(f"col{i}_kind") or col.default_kind
+            rule = self.cleaned_data.get(f"col{i}_missing") or RULES_FOR_KIND[kind][0]
+            if kind not in FEATURE_KINDS or rule not in RULES_FOR_KIND[kind]:
+                self.add_error(
+                    f"col{i}_missing",
+                    f"{job_columns.RULE_LABELS.get(rule, rule)} does not apply to "
+                    f"{job_columns.KIND_LABELS.get(kind, kind).lower()} values.",
+                )
+                continue
+            features.append(col.name)
+            plans.append(
+                FeaturePlan(
+                    name=col.name,
+                    kind=kind,
+                    missing=rule,
+                    indicator=bool(self.cleaned_data.get(f"col{i}_indicator")),
+                )
+            )
+        return features, plans
+
+    @property
+    def task_hint(self) -> str:
+        """What the chosen target makes of the job, for the form (``""`` before one is chosen)."""
+        target = (
+            (self.data.get(self.add_prefix("target_column")) or "").strip() if self.is_bound else ""
+        )
+        for col in self.columns:
+            if col.name == target:
+                try:
+                    task = job_columns.task_for(col)
+                except ValueError as exc:
+                    return str(exc)
+                model = "linear regression" if task == "regression" else "logistic regression"
+                return f"{task.capitalize()} ({col.type} target): {model}."
+        return ""
 
     @staticmethod
     def _versions_queryset(projects):
@@ -86,7 +229,10 @@ class JobSubmitForm(forms.Form):
 
     @property
     def column_names(self) -> list[str]:
-        """Column names of the offered datasets, for the target field's suggestions."""
+        """Suggestions for the target field: the chosen datasets' common columns, else every
+        column of the offered datasets."""
+        if self.columns:
+            return [c.name for c in self.columns]
         names: dict[str, None] = {}
         for version in self.fields["datasets"].queryset:
             names.update((c["name"], None) for c in version.schema)
@@ -102,8 +248,14 @@ class JobSubmitForm(forms.Form):
     def clean(self):
         cleaned = super().clean()
         target = cleaned.get("target_column")
-        if target and target in cleaned.get("feature_columns", []):
-            self.add_error("feature_columns", "The target column cannot also be a feature.")
+        if self.table_posted:
+            cleaned["feature_columns"], cleaned["preprocessing"] = self.table_choice()
+            if not cleaned["feature_columns"] and self.columns:
+                self.add_error(None, "Tick at least one feature column.")
+        else:
+            cleaned["preprocessing"] = []
+            if target and target in cleaned.get("feature_columns", []):
+                self.add_error("feature_columns", "The target column cannot also be a feature.")
         return cleaned
 
 

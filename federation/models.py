@@ -304,6 +304,11 @@ class JobStatus(models.TextChoices):
         return {cls.QUEUED, cls.LAUNCHING, cls.RUNNING}
 
 
+class JobTask(models.TextChoices):
+    CLASSIFICATION = "classification", "Classification"
+    REGRESSION = "regression", "Regression"
+
+
 def _new_callback_token() -> str:
     """Referenced by migration 0001 only (the callback token left the run config: ADR 0014)."""
     import secrets
@@ -324,6 +329,22 @@ class FederatedJob(models.Model):
 
     target_column = models.CharField(max_length=200)
     feature_columns = models.JSONField(default=list)
+    task = models.CharField(
+        max_length=16,
+        choices=JobTask.choices,
+        default=JobTask.CLASSIFICATION,
+        help_text="Decided by the target's type (federation.columns).",
+    )
+    preprocessing = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Per feature: kind, missing-value rule, indicator (frp_flwr.contract.FeaturePlan).",
+    )
+    preparation = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="How the data were prepared, as the ServerApp reported it (contract.Preparation).",
+    )
     model = models.CharField(max_length=32, default="logreg")
     strategy = models.CharField(max_length=32, default="fedavg")
     num_rounds = models.PositiveIntegerField(default=5)
@@ -395,6 +416,12 @@ class FederatedJob(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in JobStatus.terminal()
+
+    @property
+    def below_baseline(self) -> bool:
+        """The final model is no better than the trivial baseline (flagged on its page)."""
+        baseline = self.final_metrics.get("baseline") or {}
+        return baseline.get("better") is False
 
 
 class JobSiteStatus(models.TextChoices):

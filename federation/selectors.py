@@ -19,6 +19,7 @@ from federation.models import (
     SiteRoundMetric,
 )
 from federation.runtime import LocalSite
+from frp_flwr.contract import SMALL_COUNT
 from portal.models import Membership, Project, ProjectMember, Role, Site
 from sandbox.selectors import stewarded_institution_ids
 from sandbox.sitestore import site_dir
@@ -142,6 +143,9 @@ def job_progress(*, job: FederatedJob, user=None) -> dict:
         s.lost_round = failed.round if failed else None
         if failed:
             lost.append({"site": s.site.slug, "round": failed.round, "error": failed.error})
+        last = s.last_round
+        s.train_rows = shown_count(last.train_examples if last else None, exact=exact[s.site.slug])
+        s.test_rows = shown_count(last.eval_examples if last else None, exact=exact[s.site.slug])
     percent = 100 if job.status == "completed" else int(100 * len(rounds) / max(job.num_rounds, 1))
     return {
         "rounds": rounds,
@@ -340,6 +344,132 @@ def job_energy(*, job: FederatedJob) -> list[dict]:
             }
         )
     return rows
+
+
+def small(count) -> int | str:
+    """A count under the profile's small-count threshold (1–7) as ``"≤ 7"``; others as they are."""
+    if isinstance(count, int) and 0 < count <= SMALL_COUNT:
+        return f"≤ {SMALL_COUNT}"
+    return count
+
+
+_CLASSIFICATION_ROWS = [
+    ("accuracy", "Accuracy"),
+    ("balanced_accuracy", "Balanced accuracy"),
+    ("macro_f1", "Macro-F1"),
+    ("roc_auc", "ROC AUC"),
+    ("log_loss", "Log loss (nats)"),
+]
+_REGRESSION_ROWS = [("rmse", "RMSE"), ("mae", "MAE"), ("r2", "R²")]
+
+
+def _confusion_display(confusion: list, classes: list) -> dict | None:
+    if not confusion:
+        return None
+    labels = classes if len(classes) == len(confusion) else [str(i) for i in range(len(confusion))]
+    return {
+        "labels": labels,
+        "rows": [
+            {"label": label, "cells": [small(c) for c in row]}
+            for label, row in zip(labels, confusion, strict=True)
+        ],
+    }
+
+
+def job_results(*, job: FederatedJob, user=None) -> dict:
+    """The final results and data preparation as the job page shows them.
+
+    Returns ``{"task", "metrics": [{"key", "label", "pooled", "sites": [float|None]}],
+    "site_names": [slug], "confusion": {"pooled": display|None, "sites": [(slug, display)]},
+    "baseline": dict|None, "below_baseline": bool, "preparation": {"fills": [(feature, text)],
+    "notes": [...], "columns": int, "sites": [{"site", "rows", "dropped_target",
+    "dropped_rows", "train_rows", "test_rows", "imputed"}]} | None, "chart": {...}}`` —
+    confusion cells of 1–7 as ``"≤ 7"``; each site's preparation counts exact only for ``user``
+    as a data steward of that site, else under the disclosure rule (:func:`shown_count`).
+    """
+    stewarded = stewarded_institution_ids(user=user) if user is not None else set()
+    final = job.final_metrics or {}
+    pooled = final.get("metrics") or {}
+    classes = final.get("classes") or []
+    sites = list(job.sites.select_related("site").order_by("site__slug"))
+    site_metrics = [(js.site.slug, (js.final_metrics or {}).get("metrics") or {}) for js in sites]
+    rows = _REGRESSION_ROWS if job.task == "regression" else _CLASSIFICATION_ROWS
+    metrics = [
+        {
+            "key": key,
+            "label": label,
+            "pooled": pooled.get(key),
+            "sites": [m.get(key) for _, m in site_metrics],
+        }
+        for key, label in rows
+        if pooled.get(key) is not None or any(m.get(key) is not None for _, m in site_metrics)
+    ]
+    exact_sites = {js.site.slug for js in sites if js.site.institution_id in stewarded}
+    preparation = None
+    prep = job.preparation or {}
+    if prep:
+        preparation = {
+            "fills": sorted((prep.get("fills") or {}).items()),
+            "notes": prep.get("notes") or [],
+            "columns": len(prep.get("columns") or []),
+            "sites": [
+                {
+                    "site": slug,
+                    **{
+                        k: shown_count(v, exact=slug in exact_sites)
+                        for k, v in info.items()
+                        if k
+                        in ("rows", "dropped_target", "dropped_rows", "train_rows", "test_rows")
+                    },
+                    "imputed": shown_count(
+                        sum((info.get("imputed") or {}).values()), exact=slug in exact_sites
+                    ),
+                    "imputed_by_feature": {
+                        f: shown_count(n, exact=slug in exact_sites)
+                        for f, n in (info.get("imputed") or {}).items()
+                        if n
+                    },
+                }
+                for slug, info in sorted((prep.get("sites") or {}).items())
+            ],
+        }
+    main = "rmse" if job.task == "regression" else "accuracy"
+    baseline = final.get("baseline")
+    return {
+        "task": job.task,
+        "metrics": metrics,
+        "site_names": [slug for slug, _ in site_metrics],
+        "confusion": {
+            "pooled": _confusion_display(pooled.get("confusion") or [], classes),
+            "sites": [
+                (slug, _confusion_display(m.get("confusion") or [], classes))
+                for slug, m in site_metrics
+                if m.get("confusion")
+            ],
+        },
+        "baseline": baseline,
+        "below_baseline": job.below_baseline,
+        "preparation": preparation,
+        "chart": {
+            "metric": main,
+            "labels": ["pooled", *[slug for slug, _ in site_metrics]],
+            "values": [pooled.get(main), *[m.get(main) for _, m in site_metrics]],
+            "baseline": (baseline or {}).get("value"),
+        },
+    }
+
+
+def public_final_metrics(final: dict) -> dict:
+    """Final metrics for the JSON endpoint (``job_progress``'s ``final_metrics``: without the
+    model, row counts under the disclosure rule), with confusion cells of 1–7 as ``"≤ 7"``."""
+    out = {k: v for k, v in (final or {}).items() if k != "model"}
+    metrics = out.get("metrics")
+    if isinstance(metrics, dict) and metrics.get("confusion"):
+        out["metrics"] = {
+            **metrics,
+            "confusion": [[small(c) for c in row] for row in metrics["confusion"]],
+        }
+    return out
 
 
 def supernode_states(*, connection: superlink.Connection | None = None) -> dict:

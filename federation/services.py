@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import secrets
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 from celery import signature
@@ -28,7 +29,7 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from federation import admission, superlink
+from federation import admission, columns, notifications, superlink
 from federation.models import (
     ComputePool,
     FederatedJob,
@@ -79,43 +80,81 @@ def superlink_connection() -> superlink.Connection:
 # ---------------------------------------------------------------------------------------------
 
 
-def _validate_columns(versions, target: str, features: list[str]) -> list[str]:
-    """Check target/feature columns against every schema; return the feature list to use."""
+def _validate_columns(
+    versions, target: str, features: list[str], plans: list[contract.FeaturePlan]
+) -> tuple[str, list[str], list[contract.FeaturePlan]]:
+    """Check target, features and plans against every schema (``federation.columns``).
+
+    Returns ``(task, features, plans)``: the task the target's type decides; the features (by
+    default every numeric column the datasets share that is not identifier-like); one plan per
+    feature (the careful default where none is given). Raises ``JobError`` per field.
+    """
     errors: dict[str, list[str]] = {}
-    types = [{c["name"]: c["type"] for c in v.schema} for v in versions]
-    lacking = [
-        str(v.dataset) for v, schema in zip(versions, types, strict=True) if target not in schema
-    ]
-    if lacking:
-        shared = [c for c in types[0] if all(c in t for t in types)]
+    shared = {c.name: c for c in columns.common_columns(versions)}
+    task = "classification"
+    if target not in shared:
+        names = list(shared)
         common = (
             "The chosen datasets share no column: pick datasets with the same schema."
-            if not shared
+            if not names
             else "Columns every chosen dataset has: "
-            + ", ".join(shared[:12])
-            + (f" and {len(shared) - 12} more." if len(shared) > 12 else ".")
+            + ", ".join(names[:12])
+            + (f" and {len(names) - 12} more." if len(names) > 12 else ".")
         )
+        lacking = [str(v.dataset) for v in versions if target not in {c["name"] for c in v.schema}]
         errors["target_column"] = [f"No column {target!r} in {', '.join(lacking)}. {common}"]
-    if not features:
-        numeric = [
-            {n for n, t in s.items() if t in ("int", "float") and n != target} for s in types
-        ]
-        common = set.intersection(*numeric) if numeric else set()
-        features = [c["name"] for c in versions[0].schema if c["name"] in common]
-        if not features:
-            errors["feature_columns"] = [
-                "The chosen datasets share no numeric column besides the target."
-            ]
     else:
-        for v, schema in zip(versions, types, strict=True):
-            bad = [f for f in features if schema.get(f) not in ("int", "float")]
-            if bad:
-                errors.setdefault("feature_columns", []).append(
-                    f"{v.dataset}: missing or not numeric: {', '.join(map(repr, bad))}."
-                )
+        try:
+            task = columns.task_for(shared[target])
+        except ValueError as exc:
+            errors["target_column"] = [f"{exc}."]
+    if not features:
+        features = [
+            c.name
+            for c in shared.values()
+            if c.name != target and c.preselected and c.default_kind == "numeric"
+        ]
+        if not features and "target_column" not in errors:
+            errors["feature_columns"] = [
+                "The chosen datasets share no numeric column besides the target and identifiers."
+            ]
+    if target in features:
+        errors.setdefault("feature_columns", []).append(
+            "The target column cannot also be a feature."
+        )
+        features = [f for f in features if f != target]
+    by_name = {p.name: p for p in plans}
+    out_plans = []
+    for name in features:
+        column = shared.get(name)
+        if column is None:
+            errors.setdefault("feature_columns", []).append(
+                f"{name!r} is not a column of every chosen dataset."
+            )
+            continue
+        if not column.kinds:
+            errors.setdefault("feature_columns", []).append(f"{name!r} cannot be a feature.")
+            continue
+        plan = by_name.get(name) or column.default_plan()
+        if plan.kind not in column.kinds:
+            errors.setdefault("feature_columns", []).append(
+                f"{name!r} ({column.type}) cannot be used as {plan.kind}: use "
+                + " or ".join(column.kinds)
+                + "."
+            )
+        elif plan.missing not in contract.RULES_FOR_KIND[plan.kind]:
+            errors.setdefault("feature_columns", []).append(
+                f"{name!r}: {plan.missing!r} does not apply to a {plan.kind} feature."
+            )
+        out_plans.append(plan)
+    unknown = sorted(set(by_name) - set(features))
+    if unknown:
+        errors.setdefault("feature_columns", []).append(
+            f"Rules for columns that are not features: {', '.join(map(repr, unknown))}."
+        )
     if errors:
         raise JobError("the datasets do not fit the job", errors)
-    return features
+    return task, features, out_plans
 
 
 @transaction.atomic
@@ -127,6 +166,7 @@ def job_submit(
     title: str,
     target_column: str,
     feature_columns: list[str] | None = None,
+    preprocessing: list[contract.FeaturePlan] | None = None,
     num_rounds: int = 5,
     local_epochs: int = 5,
     learning_rate: float = 0.1,
@@ -135,8 +175,10 @@ def job_submit(
     """Validate and queue a job; its launch is queued after the transaction commits.
 
     Checks: ``by`` may submit in ``project``; at least ``MIN_SITES`` datasets, one per site; every
-    dataset under a valid grant for the project; target and feature columns present (features numeric)
-    in every schema. Raises ``JobError`` (with per-field messages) otherwise.
+    dataset under a valid grant for the project; target and feature columns present in every
+    schema, each feature's plan (``preprocessing``: kind, missing-value rule, indicator) fitting
+    its type — a feature without a plan gets the careful default (``federation.columns``); the
+    target's type decides the task. Raises ``JobError`` (with per-field messages) otherwise.
 
     ``schedule`` (optional): ``policy`` (``SchedulePolicy`` value), ``deadline`` (aware datetime),
     ``budget_cap`` (``Decimal``), ``qos``, ``preemptible``, ``cores`` / ``memory_gib`` / ``gpus``
@@ -167,7 +209,9 @@ def job_submit(
             "no valid grant",
             {"datasets": [f"No valid access grant for this project: {', '.join(ungranted)}."]},
         )
-    features = _validate_columns(versions, target_column, list(feature_columns or []))
+    task, features, plans = _validate_columns(
+        versions, target_column, list(feature_columns or []), list(preprocessing or [])
+    )
     deadline = schedule.get("deadline")
     if deadline is not None and deadline <= timezone.now():
         raise JobError("deadline in the past", {"deadline": ["The deadline has passed."]})
@@ -180,6 +224,8 @@ def job_submit(
         title=title,
         target_column=target_column,
         feature_columns=features,
+        task=task,
+        preprocessing=[p.to_json() for p in plans],
         num_rounds=num_rounds,
         local_epochs=local_epochs,
         learning_rate=learning_rate,
@@ -234,6 +280,8 @@ def job_run_config(job: FederatedJob) -> contract.RunConfig:
         target=job.target_column,
         features=list(job.feature_columns),
         min_sites=MIN_SITES,
+        task=job.task,
+        plans=[contract.FeaturePlan(**p) for p in job.preprocessing],
     )
     callback = settings.FRP_CALLBACK_BASE_URL.rstrip("/") + reverse(
         "federation:job_callback", args=[job.pk]
@@ -421,6 +469,10 @@ def _record_started(job: FederatedJob, sites: dict[str, JobSite], event: contrac
         sites[slug].status = JobSiteStatus.FAILED
         sites[slug].last_error = error[:2000]
         sites[slug].save(update_fields=["status", "last_error"])
+    if event.preparation is not None:
+        _unknown_sites(event.preparation.sites, sites, "started")
+        job.preparation = event.preparation.to_json()
+        job.save(update_fields=["preparation"])
 
 
 def site_limits(js: JobSite) -> contract.SiteLimits:
@@ -528,6 +580,9 @@ def _record_finished(job: FederatedJob, sites: dict[str, JobSite], event: contra
         "rounds": event.rounds,
         "classes": list(event.classes),
         "model": event.model,
+        "metrics": event.metrics.to_json() if event.metrics else None,
+        "baseline": event.baseline.to_json() if event.baseline else None,
+        "preprocessing": event.preprocessing,
     }
     job.save(update_fields=["final_metrics"])
     for slug, info in event.sites.items():
@@ -557,7 +612,7 @@ def _record_contribution(
         stored = event.to_json()
         del stored["error"]
         stored["errors"] = {k: v[:500] for k, v in event.errors.items()}
-        # A site's metering of the evaluation is bounded like its rounds' (ADR 0019): held-out
+        # A site's metering of the evaluation is bounded like its rounds' (ADR 0024): held-out
         # rows within its dataset version's rows, seconds within the evaluation's wall time.
         for slug, metering in event.sites.items():
             limits = site_limits(sites[slug])
@@ -630,7 +685,7 @@ def job_callback_record(*, job_id: int, seq: int, event: contract.Event) -> cont
     _RECORDERS[type(event)](job, sites, event)
     job.callback_seq = seq
     job.save(update_fields=["callback_seq"])
-    # What the portal knows of each site bounds what the site may report (ADR 0019). Only the
+    # What the portal knows of each site bounds what the site may report (ADR 0024). Only the
     # ServerApp reads this answer: no site learns another's exact row count.
     limits = {slug: site_limits(js) for slug, js in sites.items()}
 
@@ -916,6 +971,7 @@ def _job_finish(
     audit_record(by=None, action=f"job.{status}", target=job, institution=job.project.institution)
     # The floors above (accounting) take the finished job from here, on commit.
     job_finished.send(sender=FederatedJob, job=job)
+    transaction.on_commit(partial(notifications.job_notify, job_id=job.pk), robust=True)
     return job
 
 

@@ -9,6 +9,7 @@ urlpatterns = [
     path("", views.job_list, name="job_list"),
     path("new/", views.job_create, name="job_create"),
     path("new/estimate/", views.job_estimate, name="job_estimate"),
+    path("new/columns/", views.job_columns, name="job_columns"),
     path("<int:pk>/", views.job_detail, name="job_detail"),
     path("<int:pk>/progress/", views.job_progress, name="job_progress"),
     path("<int:pk>/progress.json", views.job_progress_json, name="job_progress_json"),

@@ -7,6 +7,8 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
+from django.db import DatabaseError
+from django.forms.utils import ErrorDict
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.csrf import csrf_exempt
@@ -32,11 +34,26 @@ def job_list(request):
     return render(request, "federation/job_list.html", {"page_obj": page})
 
 
+def _quiet(form):
+    """A bound form shown again without its errors (a refresh of its columns table)."""
+    form._errors = ErrorDict()
+    form.cleaned_data = {}
+    return form
+
+
 @login_required
 def job_create(request):
-    """The job submission form; errors from ``job_submit`` appear inline on their fields."""
+    """The job submission form; errors from ``job_submit`` appear inline on their fields.
+
+    A post with ``refresh`` (the "Show columns" button), or whose columns table was drawn for
+    other datasets than it chose, only redraws the form with the chosen datasets' columns.
+    """
     form = JobSubmitForm(request.POST or None, user=request.user)
     sched = JobScheduleForm(request.POST or None)
+    if request.method == "POST" and ("refresh" in request.POST or form.table_stale):
+        return render(
+            request, "federation/job_form.html", {"form": _quiet(form), "sched": _quiet(sched)}
+        )
     if request.method == "POST" and form.is_valid() and sched.is_valid():
         data = form.cleaned_data
         try:
@@ -47,6 +64,7 @@ def job_create(request):
                 title=data["title"],
                 target_column=data["target_column"],
                 feature_columns=data["feature_columns"],
+                preprocessing=data["preprocessing"],
                 num_rounds=data["num_rounds"],
                 local_epochs=data["local_epochs"],
                 learning_rate=data["learning_rate"],
@@ -93,6 +111,14 @@ def job_estimate(request):
     )
 
 
+@login_required
+@require_POST
+def job_columns(request):
+    """The columns table of the job form for the datasets ticked so far (HTMX partial)."""
+    form = _quiet(JobSubmitForm(request.POST, user=request.user))
+    return render(request, "federation/partials/job_columns.html", {"form": form})
+
+
 def _job_or_404(request, pk: int) -> FederatedJob:
     try:
         job = selectors.job_detail(user=request.user, pk=pk)
@@ -116,6 +142,7 @@ def job_detail(request, pk: int):
         "release_waiting": selectors.release_waiting_sites(job=job, release=release),
         "energy": selectors.job_energy(job=job) if job.started_at else [],
         "schedule_reason_text": REASONS.get(job.sched_reason, ""),
+        "results": selectors.job_results(job=job, user=request.user),
     }
     context.update(selectors.job_progress(job=job, user=request.user))
     return render(request, "federation/job_detail.html", context)
@@ -125,7 +152,11 @@ def job_detail(request, pk: int):
 def job_progress(request, pk: int):
     """The progress panel alone (HTMX partial)."""
     job = _job_or_404(request, pk)
-    context = {"job": job, "can_stop": can(request.user, "job.stop", job)}
+    context = {
+        "job": job,
+        "can_stop": can(request.user, "job.stop", job),
+        "results": selectors.job_results(job=job, user=request.user),
+    }
     context.update(selectors.job_progress(job=job, user=request.user))
     return render(request, "federation/partials/job_progress.html", context)
 
@@ -146,7 +177,8 @@ def job_progress_json(request, pk: int):
             "rounds_done": len(progress["rounds"]),
             "chart": progress["chart"],
             "sites_lost": progress["lost"],
-            "final_metrics": progress["final_metrics"],
+            "final_metrics": selectors.public_final_metrics(progress["final_metrics"]),
+            "results": selectors.job_results(job=job, user=request.user)["chart"],
             **panels.sections("job_progress", request=request, job=job),  # accounting's, …
             "sites": [
                 {
@@ -207,8 +239,13 @@ def job_model_download(request, pk: int):
         raise Http404("The model has not been released")
     body = {
         "job": job.pk,
-        "model": "multinomial logistic regression (softmax), standardised features",
+        "model": (
+            "linear regression, standardised features and target"
+            if job.task == "regression"
+            else "multinomial logistic regression (softmax), standardised features"
+        ),
         "features": job.feature_columns,
+        "preprocessing": job.final_metrics.get("preprocessing") or job.preprocessing,
         "classes": job.final_metrics.get("classes", []),
         "weights": job.final_metrics.get("model", []),
         "federated_test_accuracy": job.final_metrics.get("eval_accuracy"),
@@ -228,7 +265,7 @@ def job_callback(request, pk: int):
     """Signed events from the job's ServerApp (``frp_flwr.signing``, ``frp_flwr.contract``).
 
     403 for a bad signature, 413 for a body over ``contract.MAX_EVENT_BYTES``, 400 for a body
-    that does not fit the contract, 409 for an event the job refuses (not running, replayed,
+    that does not fit the contract (or a value the database cannot hold), 409 for an event the job refuses (not running, replayed,
     replacing final results), 503 while the job's Flower run id is not recorded yet (the
     ServerApp retries). Nothing is written unless the answer is 200.
     """
@@ -264,6 +301,9 @@ def job_callback(request, pk: int):
         answer = services.job_callback_record(job_id=job.pk, seq=seq, event=event)
     except services.JobError as exc:
         return _refuse(409, str(exc))
+    except DatabaseError as exc:  # a value the database cannot hold: rolled back, refused
+        reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        return _refuse(400, f"the event does not fit the portal's database: {reason}")
     return JsonResponse(answer.to_json())
 
 

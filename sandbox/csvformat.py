@@ -40,6 +40,8 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TextIO
 
+import numpy as np
+
 from sandbox import arrowcsv
 
 DELIMITERS = (",", ";", "\t")
@@ -198,6 +200,13 @@ def normalise_missing(missing_values: Iterable[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def missing_markers(extra: Iterable[str] = (), *, defaults: bool = True) -> tuple[str, ...]:
+    """The markers a steward declares: ``DEFAULT_MISSING_VALUES`` (unless ``defaults`` is false)
+    plus ``extra``, normalised (``normalise_missing``). One rule for the upload form's "Empty cells
+    are missing" + "Other markers" and ``dataset_ingest --missing`` / ``--no-default-missing``."""
+    return normalise_missing([*(DEFAULT_MISSING_VALUES if defaults else ()), *extra])
+
+
 # --- values and types ------------------------------------------------------------------------------
 
 
@@ -297,6 +306,47 @@ def first_misfit(values: Sequence[str], missing: frozenset[str], expected: str) 
         if value not in missing and (classify_value(value, ()) or "str") not in accepts:
             return index
     return -1
+
+
+def parse_floats(values: Sequence[str]) -> np.ndarray | None:
+    """``float()`` of every value as a ``float64`` array, or ``None`` if one does not parse or is
+    not finite (the numeric rule of ``classify_value`` for values already known to be numeric)."""
+    try:
+        numbers = np.fromiter(map(float, values), dtype=np.float64, count=len(values))
+    except ValueError:
+        return None
+    return numbers if bool(np.isfinite(numbers).all()) else None
+
+
+def column_values(kind: str, cells: Sequence[str], missing: frozenset[str]):
+    """The values of ``cells`` (raw text) of a column of type ``kind``: the one rule by which a
+    typed cell becomes a value (``sandbox.loader``). ``float64`` for ``int``/``float`` (missing →
+    NaN), ``datetime64[D]`` for ``date`` (missing → NaT), a list of ``bool``/``None`` for
+    ``bool`` (``true`` in any case is ``True``) and of ``str``/``None`` for ``str`` (stripped).
+    Raises ``ValueError`` for a value that does not fit ``kind``."""
+    if kind in NUMERIC_TYPES:
+        if all(cells) and not any(parses_as_float(m) for m in missing):
+            # No cell is empty and no marker is a number: a batch without missing cells parses
+            # as it is (float() ignores surrounding whitespace); otherwise look up.
+            try:
+                return np.fromiter(map(float, cells), dtype=np.float64, count=len(cells))
+            except ValueError:
+                pass
+        values = strip_all(cells)
+        if not missing.isdisjoint(values):
+            values = ["nan" if v in missing else v for v in values]
+        return np.fromiter(map(float, values), dtype=np.float64, count=len(values))
+    values = strip_all(cells)
+    clean = missing.isdisjoint(values)
+    if kind == "date":
+        dates = values if clean else ["NaT" if v in missing else v for v in values]
+        return np.array(dates, dtype="datetime64[D]")
+    if kind == "bool":
+        lowered = list(map(str.lower, values))
+        if clean:
+            return [v == "true" for v in lowered]
+        return [None if v in missing else w == "true" for v, w in zip(values, lowered, strict=True)]
+    return list(values) if clean else [None if v in missing else v for v in values]
 
 
 def describe_type(kind: str) -> str:
@@ -738,6 +788,8 @@ def _where(breaks: int, line_text: str, header: list[str] | None, delimiter: str
 
 # --- the canonical payload -------------------------------------------------------------------------
 
+#: The ``format`` of the trailer's meta JSON (``sandbox.ingest`` writes it, ``sandbox.loader`` checks it).
+PAYLOAD_FORMAT = "frp-csv/1"
 TRAILER_MAGIC = b"\n#FRP-CANONICAL-CSV/1\n"
 _TRAILER_LEN_BYTES = 4
 

@@ -6,7 +6,7 @@ from django import forms
 from django.utils import timezone
 
 from portal.selectors import projects_for_user
-from sandbox.csvformat import DELIMITER_NAMES, TYPES
+from sandbox.csvformat import DELIMITER_NAMES, TYPES, missing_markers
 
 
 class AccessRequestForm(forms.Form):
@@ -197,5 +197,7 @@ class DatasetUploadForm(forms.Form):
             if not cleaned.get("title", "").strip():
                 self.add_error("title", "Give the new dataset a title.")
         markers = [m.strip() for m in cleaned.get("missing_markers", "").splitlines() if m.strip()]
-        cleaned["missing_values"] = ([""] if cleaned.get("empty_is_missing") else []) + markers
+        cleaned["missing_values"] = list(
+            missing_markers(markers, defaults=bool(cleaned.get("empty_is_missing")))
+        )
         return cleaned

@@ -72,6 +72,7 @@ from sandbox.csvformat import (
     DEFAULT_MAX_COLUMNS,
     DEFAULT_MAX_LINE_CHARS,
     DEFAULT_MISSING_VALUES,
+    PAYLOAD_FORMAT,
     SAMPLE_BYTES,
     TYPES,
     CellError,
@@ -106,7 +107,6 @@ __all__ = [
 ]
 
 ENCODING = "utf-8-sig"  # how objects stored before the canonical format are decoded
-PAYLOAD_FORMAT = "frp-csv/1"
 
 _SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
 _READ_BLOCK = 1 << 20
@@ -129,7 +129,9 @@ class IngestResult:
     (``","``, ``";"`` or ``"\\t"``) and ``delimiter_source`` (``"declared"``, ``"detected"`` or
     ``"fallback"``); ``missing_values`` (the markers applied, stripped). ``source_bytes`` and
     ``source_sha256`` identify the file that was read. The schema and markers are also stored
-    inside the encrypted object (module doc), so the loader needs none of these.
+    inside the encrypted object (module doc), so the loader needs none of these. ``warnings``:
+    for the steward only (they may name values of the file), e.g. a column read as text because
+    of values that look like undeclared missing-value markers.
     """
 
     store_key: str
@@ -145,6 +147,7 @@ class IngestResult:
     missing_values: tuple[str, ...] = DEFAULT_MISSING_VALUES
     source_bytes: int = 0
     source_sha256: str = ""
+    warnings: tuple[str, ...] = ()
 
 
 def store_key_for(*, site: str, dataset: str, version: int) -> str:
@@ -233,6 +236,7 @@ class _Outcome:
     schema: list[dict] = field(default_factory=list)
     profile: dict = field(default_factory=dict)
     row_count: int = 0
+    warnings: list[str] = field(default_factory=list)
 
 
 def _canonical_payload(
@@ -323,7 +327,26 @@ def _canonical_payload(
     outcome.schema = schema
     outcome.profile = compute_profile(stats, rows)
     outcome.row_count = rows
+    outcome.warnings = [w for col in stats if (w := text_column_warning(col, missing))]
     yield encode_trailer(json.dumps(meta, ensure_ascii=False).encode("utf-8"))
+
+
+def text_column_warning(col: ColumnStats, missing: Sequence[str]) -> str:
+    """The steward's warning for a column read as text although most of its values are numbers
+    (``ColumnStats.numeric_but_text``), naming the values that are not and their count; ``""``
+    for any other column."""
+    found = col.numeric_but_text()
+    if found is None:
+        return ""
+    cells, values = found
+    shown = ", ".join(f"{value!r} ({count})" for value, count in values[:5])
+    more = f" and {len(values) - 5} more" if len(values) > 5 else ""
+    declared = ", ".join(repr(m) for m in missing) or "none"
+    return (
+        f"column {col.name!r} is read as text because {cells} cell(s) are not numbers: "
+        f"{shown}{more}. If they mean 'missing', declare them as missing-value markers "
+        f"(declared now: {declared}) or give the column a type."
+    )
 
 
 class _NegZero:
@@ -429,6 +452,60 @@ def ingest_csv(
     are immutable); ``StorageError`` if the store fails; ``OSError`` if ``path`` cannot be
     read.
     """
+    store_key, overrides, missing = _checked_arguments(
+        site=site,
+        dataset=dataset,
+        version=version,
+        kek=kek,
+        schema_override=schema_override,
+        missing_values=missing_values,
+        delimiter=delimiter,
+    )
+    source = _source_format(Path(path), encoding=encoding, delimiter=delimiter)
+    if store.exists(store_key):
+        raise IngestError(
+            f"{store_key} already exists in {store.url}: dataset versions are immutable"
+        )
+    outcome, encrypted, hashed = _encrypt_into_store(
+        Path(path),
+        source,
+        store=store,
+        store_key=store_key,
+        kek=kek,
+        aad=associated_data(site=site, dataset=dataset, version=version),
+        missing=missing,
+        overrides=overrides,
+        native=native,
+        max_columns=max_columns,
+        max_line_chars=max_line_chars,
+        tmp_dir=tmp_dir,
+    )
+    return IngestResult(
+        store_key=store_key,
+        schema=outcome.schema,
+        row_count=outcome.row_count,
+        size_bytes=encrypted.ciphertext_bytes,
+        ciphertext_sha256=encrypted.sha256,
+        profile=outcome.profile,
+        encoding=source.codec,
+        encoding_source=source.encoding_source,
+        delimiter=source.delimiter,
+        delimiter_source=source.delimiter_source,
+        missing_values=missing,
+        source_bytes=hashed.size,
+        source_sha256=hashed.digest.hexdigest(),
+        warnings=tuple(outcome.warnings),
+    )
+
+
+# The steps of ``ingest_csv``.
+
+
+def _checked_arguments(
+    *, site, dataset, version, kek, schema_override, missing_values, delimiter
+) -> tuple[str, dict[str, str], tuple[str, ...]]:
+    """``(store key, type overrides, missing-value markers)`` of valid arguments; else
+    ``IngestError`` naming the bad one."""
     if not isinstance(version, int) or isinstance(version, bool) or version < 0:
         raise IngestError(f"dataset version must be a non-negative integer, got {version!r}")
     for what, name in (("site", site), ("dataset", dataset)):
@@ -445,8 +522,27 @@ def ingest_csv(
         missing = normalise_missing(missing_values)
         if delimiter is not None:
             check_delimiter(delimiter)
-        with open(path, "rb") as raw:
-            sample = raw.read(SAMPLE_BYTES)
+    except CsvError as exc:
+        raise IngestError(str(exc)) from None
+    return store_key, overrides, missing
+
+
+@dataclass(frozen=True)
+class _Source:
+    """How the source file is read: its codec and delimiter, and where each came from."""
+
+    codec: str
+    encoding_source: str
+    delimiter: str
+    delimiter_source: str
+
+
+def _source_format(path: Path, *, encoding: str | None, delimiter: str | None) -> _Source:
+    """The encoding (declared, byte-order mark or detected) and delimiter (declared or detected)
+    from the file's first ``SAMPLE_BYTES``. Raises ``IngestError``, ``OSError``."""
+    with open(path, "rb") as raw:
+        sample = raw.read(SAMPLE_BYTES)
+    try:
         codec, encoding_source = resolve_encoding(encoding, sample)
     except CsvError as exc:
         raise IngestError(str(exc)) from None
@@ -454,23 +550,41 @@ def ingest_csv(
         delimiter, delimiter_source = detect_delimiter(decode_sample(sample, codec))
     else:
         delimiter_source = "declared"
-    if store.exists(store_key):
-        raise IngestError(
-            f"{store_key} already exists in {store.url}: dataset versions are immutable"
-        )
+    return _Source(codec, encoding_source, delimiter, delimiter_source)
 
-    aad = associated_data(site=site, dataset=dataset, version=version)
+
+def _encrypt_into_store(
+    path: Path,
+    source: _Source,
+    *,
+    store: ObjectStore,
+    store_key: str,
+    kek: bytes,
+    aad: bytes,
+    missing: tuple[str, ...],
+    overrides: dict[str, str],
+    native: bool,
+    max_columns: int | None,
+    max_line_chars: int | None,
+    tmp_dir: Path | None,
+):
+    """One pass: read, validate, profile and encrypt the file into a temp file of ciphertext,
+    then store it atomically at ``store_key``. Returns ``(outcome, encryption result, hashing
+    reader of the source)``. The temp file is always removed. Raises ``IngestError``."""
     outcome = _Outcome()
     fd, tmp_name = tempfile.mkstemp(prefix=".frp-ingest-", suffix=".enc", dir=tmp_dir)
     try:
         with os.fdopen(fd, "wb") as sink, open(path, "rb") as raw:
             hashed = _HashingReader(raw)
             text = io.TextIOWrapper(
-                io.BufferedReader(hashed, _READ_BLOCK), encoding=codec, errors="strict", newline=""
+                io.BufferedReader(hashed, _READ_BLOCK),
+                encoding=source.codec,
+                errors="strict",
+                newline="",
             )
             payload = _canonical_payload(
                 text,
-                delimiter=delimiter,
+                delimiter=source.delimiter,
                 missing=missing,
                 overrides=overrides,
                 outcome=outcome,
@@ -485,33 +599,24 @@ def ingest_csv(
     except CsvError as exc:
         raise IngestError(str(exc)) from None
     except UnicodeDecodeError as exc:
-        where = locate_decode_error(_file_blocks(Path(path)), codec, delimiter)
-        if encoding_source == "declared":
-            hint = ""
-        elif codec == "cp1252":
-            hint = "; the file is neither UTF-8 nor cp1252: declare its encoding"
-        else:
-            hint = "; declare the file's encoding (e.g. encoding='cp1252')"
-        raise IngestError(
-            f"{where}: bytes that are not valid {codec} ({exc.reason}; encoding "
-            f"{encoding_source}){hint}"
-        ) from None
+        raise IngestError(_decode_error(path, source, exc)) from None
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
+    return outcome, result, hashed
 
-    return IngestResult(
-        store_key=store_key,
-        schema=outcome.schema,
-        row_count=outcome.row_count,
-        size_bytes=result.ciphertext_bytes,
-        ciphertext_sha256=result.sha256,
-        profile=outcome.profile,
-        encoding=codec,
-        encoding_source=encoding_source,
-        delimiter=delimiter,
-        delimiter_source=delimiter_source,
-        missing_values=missing,
-        source_bytes=hashed.size,
-        source_sha256=hashed.digest.hexdigest(),
+
+def _decode_error(path: Path, source: _Source, exc: UnicodeDecodeError) -> str:
+    """The message for bytes that do not decode: where, why, and what to declare."""
+    codec = source.codec
+    where = locate_decode_error(_file_blocks(path), codec, source.delimiter)
+    if source.encoding_source == "declared":
+        hint = ""
+    elif codec == "cp1252":
+        hint = "; the file is neither UTF-8 nor cp1252: declare its encoding"
+    else:
+        hint = "; declare the file's encoding (e.g. encoding='cp1252')"
+    return (
+        f"{where}: bytes that are not valid {codec} ({exc.reason}; encoding "
+        f"{source.encoding_source}){hint}"
     )

@@ -34,11 +34,13 @@ from sandbox.crypto import CryptoError, associated_data, decrypt_stream, decrypt
 from sandbox.csvformat import (
     DEFAULT_MISSING_VALUES,
     NUMERIC_TYPES,
+    PAYLOAD_FORMAT,
     TRAILER_MAGIC,
     TYPES,
     CsvError,
     RecordReader,
     batch_kind,
+    column_values,
     parses_as_float,
     split_trailer,
     strip_all,
@@ -49,7 +51,6 @@ logger = logging.getLogger(__name__)
 
 LEGACY_ENCODING = "utf-8-sig"
 LEGACY_TYPES = ("int", "float", "str")
-PAYLOAD_FORMAT = "frp-csv/1"
 
 
 class LoaderError(Exception):
@@ -439,13 +440,12 @@ class _Sink:
     for ``int``/``float`` (missing → ``nan``), ``datetime64[D]`` for ``date`` (missing →
     ``NaT``), ``object`` for ``bool`` (``True``/``False``/``None``) and ``str`` (``None`` for
     missing; equal strings of a batch share one object). A native batch is converted once per
-    distinct cell (``sandbox.arrowcsv``), else by the Python rules of ``_Column``. Raises
-    ``ValueError`` for a value that does not fit the type."""
+    distinct cell (``sandbox.arrowcsv``), else cell by cell — both by the one rule of
+    ``csvformat.column_values``. Raises ``ValueError`` for a value that does not fit the type."""
 
     def __init__(self, kind: str, rows: int, missing: tuple[str, ...]) -> None:
         self.kind = kind
         self.missing = frozenset(missing)
-        self.column = _Column(kind, self.missing)
         if kind in NUMERIC_TYPES:
             self.array = np.empty(rows, dtype=np.float64)
         elif kind == "date":
@@ -463,31 +463,15 @@ class _Sink:
                 raw_values, positions = arrowcsv.dictionary(cells)
                 self.array[start:end] = self._convert(raw_values)[positions]
             return
-        values = batch.column(index)
-        column = self.column
-        if self.kind in NUMERIC_TYPES:
-            self.array[start:end] = column._numbers(values)
-            return
-        column.parts, column.values = [], []
-        column.add(values)
-        self.array[start:end] = column.parts[0] if self.kind == "date" else column.values
+        self.array[start:end] = column_values(self.kind, batch.column(index), self.missing)
 
     def _convert(self, raw_values: list[str]) -> np.ndarray:
-        """The column's value of each distinct raw cell (the rules of ``_Column``)."""
-        missing = self.missing
-        stripped = [value.strip() for value in raw_values]
-        kind = self.kind
-        if kind in NUMERIC_TYPES:
-            return np.array(
-                [float("nan") if v in missing else float(v) for v in stripped], dtype=np.float64
-            )
-        if kind == "date":
-            return np.array(["NaT" if v in missing else v for v in stripped], dtype="datetime64[D]")
-        out = np.empty(len(stripped), dtype=object)
-        if kind == "bool":
-            out[:] = [None if v in missing else v.lower() == "true" for v in stripped]
-        else:
-            out[:] = [None if v in missing else v for v in stripped]
+        """The column's value of each distinct raw cell (``csvformat.column_values``)."""
+        values = column_values(self.kind, raw_values, self.missing)
+        if isinstance(values, np.ndarray):
+            return values
+        out = np.empty(len(values), dtype=object)
+        out[:] = values
         return out
 
 
@@ -553,13 +537,12 @@ def _parse(
 
 
 class _Column:
-    """Builds one column's array batch by batch (``kind`` known) or at the end (inferred)."""
+    """Builds one column's array batch by batch (``kind`` known: ``csvformat.column_values``) or
+    at the end (inferred with ``csvformat.batch_kind``)."""
 
     def __init__(self, kind: str | None, missing: frozenset[str]) -> None:
         self.kind = kind
         self.missing = missing
-        # A marker float() accepts (e.g. "-999", "inf") must be looked up in every batch.
-        self.numeric_markers = any(parses_as_float(m) for m in missing)
         self.parts: list[np.ndarray] = []
         self.values: list = []
 
@@ -567,40 +550,10 @@ class _Column:
         kind = self.kind
         if kind is None:
             self.values.extend(cells)
-        elif kind in NUMERIC_TYPES:
-            self.parts.append(self._numbers(cells))
+        elif kind in NUMERIC_TYPES or kind == "date":
+            self.parts.append(column_values(kind, cells, self.missing))
         else:
-            values = strip_all(cells)
-            missing = self.missing
-            clean = missing.isdisjoint(values)
-            if kind == "str":
-                self.values.extend(
-                    values if clean else [None if v in missing else v for v in values]
-                )
-            elif kind == "bool":
-                lowered = list(map(str.lower, values))
-                if clean:
-                    self.values.extend([v == "true" for v in lowered])
-                else:
-                    flags = zip(values, lowered, strict=True)
-                    self.values.extend([None if v in missing else w == "true" for v, w in flags])
-            else:  # date
-                dates = values if clean else ["NaT" if v in missing else v for v in values]
-                self.parts.append(np.array(dates, dtype="datetime64[D]"))
-
-    def _numbers(self, cells: Sequence[str]) -> np.ndarray:
-        if not self.numeric_markers and all(cells):
-            # No cell is empty and no marker is a number: a batch without missing cells
-            # parses as it is (float() ignores surrounding whitespace); otherwise look up.
-            try:
-                return np.fromiter(map(float, cells), dtype=np.float64, count=len(cells))
-            except ValueError:
-                pass
-        values = strip_all(cells)
-        missing = self.missing
-        if not missing.isdisjoint(values):
-            values = ["nan" if v in missing else v for v in values]
-        return np.fromiter(map(float, values), dtype=np.float64, count=len(values))
+            self.values.extend(column_values(kind, cells, self.missing))
 
     def finish(self, allowed: tuple[str, ...]) -> tuple[str, np.ndarray]:
         """``(type, array)``; raises ``ValueError`` if a value does not fit the type."""

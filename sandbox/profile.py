@@ -24,10 +24,12 @@ from sandbox.csvformat import (
     NUMERIC_TYPES,
     CellError,
     batch_kind,
+    classify_value,
     first_misfit,
     is_bool_batch,
     is_date_batch,
     numeric_kind,
+    parse_floats,
     parses_as_float,
     strip_all,
     widen,
@@ -39,6 +41,7 @@ SUPPRESSED = "≤7"
 MAX_CATEGORIES = 20
 MAX_TRACKED_DISTINCT = 10_000
 MAX_CATEGORY_LENGTH = 100
+MAX_TEXT_VALUES = 20
 PROFILE_FORMAT = 2
 
 
@@ -51,6 +54,12 @@ class ColumnStats:
     values while the column is ``int``/``float``; ``first_date``/``last_date`` (ISO strings)
     while it is ``date``; ``categories`` counts distinct values until there are more than
     ``MAX_TRACKED_DISTINCT`` or one is longer than ``MAX_CATEGORY_LENGTH`` (then ``None``).
+
+    For the steward's warnings and the job form's identifier check: ``number_cells`` counts the
+    values that are numbers (whatever the column's type), ``text_cells`` the values that are not,
+    by value, while there are at most ``MAX_TEXT_VALUES`` distinct ones (then ``None``): a column
+    read as text because of a few undeclared markers (``NA``, ``?``) shows here. ``monotone``:
+    the numbers met so far are strictly increasing or strictly decreasing in file order.
     """
 
     name: str
@@ -66,6 +75,11 @@ class ColumnStats:
     declared: str | None = None
     first_date: str | None = None
     last_date: str | None = None
+    number_cells: int = 0
+    text_cells: Counter | None = field(default_factory=Counter)
+    monotone: bool = True
+    _last: float | None = field(default=None, repr=False)
+    _direction: int = field(default=0, repr=False)
     _valid_dates: set[str] = field(default_factory=set, repr=False)
 
     def add(self, raw: str, missing_values: Iterable[str] = DEFAULT_MISSING_VALUES) -> None:
@@ -96,8 +110,13 @@ class ColumnStats:
         if hint == "str":
             self.type = "str"
             self._count_categories(present)
+            self._tally_text(Counter(present))
             return
         kind, numbers, distinct = _batch_kind(present, hint, self._valid_dates)
+        if kind in NUMERIC_TYPES:
+            self.number_cells += len(present)
+        else:
+            self._tally_text(Counter(present))
         if target is not None:
             if kind not in ACCEPTS[target]:
                 raise CellError(max(first_misfit(values, missing, target), 0), target)
@@ -161,6 +180,7 @@ class ColumnStats:
             self.missing += len(cells) - len(values)
             if len(values):
                 self.count += len(values)
+                self.number_cells += len(values)
                 self.type = target or widen(current, kind)
                 self._merge_numbers(values)
             return True
@@ -191,6 +211,7 @@ class ColumnStats:
             self.count += n_present
             self.type = "str"
             self._count_categories(tally)
+            self._tally_text(tally)
             return True
         distinct = set(tally)
         if hint in (None, "int", "float"):
@@ -198,13 +219,14 @@ class ColumnStats:
             floats = None
             if quick is not None:
                 # float() of every distinct cell (a missing one as 0: it is left out below)
-                floats = _parse_floats([v if v in tally else "0" for v in stripped])
+                floats = parse_floats([v if v in tally else "0" for v in stripped])
             if floats is not None:
                 if target is not None and quick not in ACCEPTS[target]:
                     return False
                 keep = np.array([v in tally for v in stripped], dtype=bool)[index]
                 self.missing += n_missing
                 self.count += n_present
+                self.number_cells += n_present
                 self.type = target or widen(current, quick)
                 self._merge_numbers(floats[index][keep])
                 return True
@@ -224,6 +246,7 @@ class ColumnStats:
         self.missing += n_missing
         self.count += n_present
         self.type = new
+        self._tally_text(tally)
         if new == "date":
             low, high = min(distinct), max(distinct)
             self.first_date = low if self.first_date is None else min(self.first_date, low)
@@ -255,10 +278,11 @@ class ColumnStats:
         quick = numeric_kind(cells)
         if quick is None or (target is not None and quick not in ACCEPTS[target]):
             return False
-        numbers = _parse_floats(cells)
+        numbers = parse_floats(cells)
         if numbers is None:
             return False
         self.count += len(cells)
+        self.number_cells += len(cells)
         self.type = target or widen(self.type, quick)
         self._merge_numbers(numbers)
         return True
@@ -275,7 +299,43 @@ class ColumnStats:
         if too_many or (grown and max(map(len, categories)) > MAX_CATEGORY_LENGTH):
             self.categories = None
 
+    def _tally_text(self, tally: Mapping[str, int]) -> None:
+        """Split ``tally`` (value → cells) into numbers and text (``number_cells``,
+        ``text_cells``), keeping text values only while there are few of them."""
+        text = self.text_cells
+        if text is None:
+            return
+        for value, count in tally.items():
+            if classify_value(value, ()) in NUMERIC_TYPES:
+                self.number_cells += count
+            else:
+                text[value] += count
+        if len(text) > MAX_TEXT_VALUES:
+            self.text_cells = None
+
+    def numeric_but_text(self) -> tuple[int, list[tuple[str, int]]] | None:
+        """For a column inferred as text although most of its values are numbers: ``(cells that
+        are not numbers, [(value, cells)] most frequent first)``; else ``None``."""
+        if self.declared is not None or self.final_type != "str" or not self.text_cells:
+            return None
+        not_numbers = sum(self.text_cells.values())
+        if self.number_cells == 0 or self.number_cells < not_numbers:
+            return None
+        return not_numbers, sorted(self.text_cells.items(), key=lambda vc: (-vc[1], vc[0]))
+
     def _merge_numbers(self, numbers: np.ndarray) -> None:
+        if self.monotone and len(numbers):
+            steps = np.diff(numbers)
+            if self._last is not None:
+                steps = np.concatenate([[numbers[0] - self._last], steps])
+            if len(steps):
+                direction = self._direction or (1 if steps[0] > 0 else -1)
+                if (direction > 0 and not (steps > 0).all()) or (
+                    direction < 0 and not (steps < 0).all()
+                ):
+                    self.monotone = False
+                self._direction = direction
+            self._last = float(numbers[-1])
         # Chan, Golub & LeVeque 1979: combine (n, mean, M2) of the batch with the running ones.
         n_b = len(numbers)
         mean_b = float(numbers.mean())
@@ -306,7 +366,7 @@ def _batch_kind(
     if hint in (None, "int", "float"):
         quick = numeric_kind(present)
         if quick is not None:
-            numbers = _parse_floats(present)
+            numbers = parse_floats(present)
             if numbers is not None:
                 return quick, numbers, None
     distinct = set(present)
@@ -321,16 +381,8 @@ def _batch_kind(
             return "date", None, distinct
     kind = batch_kind(distinct) or "str"
     if kind in NUMERIC_TYPES:
-        return kind, _parse_floats(present), distinct
+        return kind, parse_floats(present), distinct
     return kind, None, distinct
-
-
-def _parse_floats(values: Sequence[str]) -> np.ndarray | None:
-    try:
-        numbers = np.fromiter(map(float, values), dtype=np.float64, count=len(values))
-    except ValueError:
-        return None
-    return numbers if bool(np.isfinite(numbers).all()) else None
 
 
 def safe_count(n: int) -> int | str:
@@ -347,6 +399,17 @@ def _sig3(x: float) -> float:
     return float(f"{x:.3g}")
 
 
+def _identifier_like(col: ColumnStats, row_count: int) -> bool:
+    kind = col.final_type
+    if row_count < 2 or col.count != row_count:
+        return False
+    if kind == "int":
+        return col.monotone
+    if kind == "str":
+        return col.categories is None or all(c == 1 for c in col.categories.values())
+    return False
+
+
 def compute_profile(columns: list[ColumnStats], row_count: int) -> dict:
     """Build the disclosure-controlled profile from running column summaries.
 
@@ -361,7 +424,13 @@ def compute_profile(columns: list[ColumnStats], row_count: int) -> dict:
       rows, at most 20, most frequent first (``bool`` values as ``"true"``/``"false"``) — and
       ``"other"`` (``safe_count`` of the remaining values); ``"categories"``/``"other"`` are
       ``None`` for free-text columns with more than 10 000 distinct or over-long values;
-    * ``date``: ``"min_year", "max_year"`` (``None`` when 7 or fewer values exist).
+    * ``date``: ``"min_year", "max_year"`` (``None`` when 7 or fewer values exist);
+    * every column: ``"identifier"`` — true when the column looks like a row identifier (an
+      ``int`` column strictly monotone in file order with a value in every row; a text column
+      whose values are all distinct, or too many to count), so that the job form does not offer
+      it as a feature by default; ``"not_numbers"`` — for a text column whose values are mostly
+      numbers, ``safe_count`` of the cells that are not (an undeclared missing-value marker,
+      typically), else absent.
 
     A list, not a dict, so column order survives jsonb.
     """
@@ -374,7 +443,11 @@ def compute_profile(columns: list[ColumnStats], row_count: int) -> dict:
             "type_source": "override" if col.declared else "inferred",
             "missing": safe_count(col.missing),
             "count": safe_count(col.count),
+            "identifier": _identifier_like(col, row_count),
         }
+        text_instead = col.numeric_but_text()
+        if text_instead is not None:
+            entry["not_numbers"] = safe_count(text_instead[0])
         enough = col.count > SMALL_COUNT
         if kind in NUMERIC_TYPES:
             n = col.numeric_count

@@ -241,6 +241,9 @@ def dataset_ingest(
     writes) is removed first. Concurrent ingests of one dataset are refused (advisory lock), as is an ingest
     while the site's key is being rotated.
 
+    The returned version carries ``ingest_warnings`` (``IngestResult.warnings``: for the steward,
+    not stored), e.g. a numeric column read as text because of an undeclared marker.
+
     Raises ``IngestError`` for a bad file (its message names the line and column), ``DatasetError``
     for a refused request (permission, no local store, missing title, lost race, busy),
     ``KeyringError`` for a missing or insecure key, ``StorageError`` when the store fails.
@@ -290,7 +293,7 @@ def dataset_ingest(
         )
         try:
             with transaction.atomic():
-                return dataset_version_register(
+                dv = dataset_version_register(
                     by=by,
                     site=site,
                     slug=slug,
@@ -299,6 +302,8 @@ def dataset_ingest(
                     result=result,
                     description=description.strip(),
                 )
+            dv.ingest_warnings = list(result.warnings)  # for the steward who ingested, not stored
+            return dv
         except IntegrityError:
             _discard_object(store, result.store_key, result.ciphertext_sha256)
             raise DatasetError(

@@ -179,6 +179,8 @@ def _dataset_upload(request):
                 request,
                 f"Version {dv.version} of {dv.dataset.title} registered: {dv.row_count} rows.",
             )
+            for warning in getattr(dv, "ingest_warnings", ()):
+                messages.warning(request, warning)
             change = selectors.schema_change(version=dv)
             if change:
                 messages.warning(

@@ -265,6 +265,10 @@ def _site_pool(site):
     return min(site.pools.all(), key=lambda pool: pool.pk, default=None)
 
 
+#: Job statuses that are billed: in full when completed; compute only, as used, otherwise.
+BILLED_STATUSES = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.STOPPED)
+
+
 def _job_lines(job, finished_on: dt.date) -> list[_Line]:
     """What ``job`` should be billed (pure reads): compute lines, then data lines."""
     payer = job.project.institution
@@ -312,6 +316,8 @@ def _job_lines(job, finished_on: dt.date) -> list[_Line]:
             if data_amount > 0:
                 data_pool.append((usage.site, rule, data_amount))
     already = BillingEntry.objects.filter(job=job, kind__in=DATA_KINDS).exists()
+    if job.status != JobStatus.COMPLETED:  # a failed or stopped job earns no data credit
+        data_pool = []
     if data_pool and not already:  # data entries are written together, once
         shares = _data_shares(job)
         if shares:
@@ -382,9 +388,12 @@ def _refresh_totals(invoice: Invoice) -> None:
 def job_bill(*, job) -> list[BillingEntry]:
     """Bill one job: write its missing billing entries; return the entries created by this call.
 
-    Only a ``COMPLETED`` job is billed (failed and stopped jobs are not: ``[]``); the date that
-    picks the price rule and the invoice month is ``job.finished_at`` in the portal's time zone
-    (``BillingError`` if a completed job has none). For each ``UsageRecord`` of the job, with
+    A ``COMPLETED`` job is billed in full. A ``FAILED`` or ``STOPPED`` job is billed only for the
+    compute it actually used — its sites' slot time up to the failure or stop, as metered in its
+    usage records — and earns no data credit (no data lines), as Slurm charges a failed or
+    cancelled job its allocation for the time it ran (ADR 0019); a job still running is not
+    billed (``[]``). The date that picks the price rule and the invoice month is
+    ``job.finished_at`` in the portal's time zone (``BillingError`` if an ended job has none). For each ``UsageRecord`` of the job, with
     the price rule of the site's pool in effect that day (no rule: not billed):
 
     * ``compute_charge`` to the project's institution and ``compute_credit`` to the site's
@@ -410,10 +419,10 @@ def job_bill(*, job) -> list[BillingEntry]:
         .select_related("project__institution")
         .get(pk=job.pk)
     )
-    if job.status != JobStatus.COMPLETED:
+    if job.status not in BILLED_STATUSES:
         return []
     if job.finished_at is None:
-        raise BillingError(f"Job {job.pk} is completed but has no finish time.")
+        raise BillingError(f"Job {job.pk} has ended but has no finish time.")
     finished_on = timezone.localtime(job.finished_at).date()
     month = month_start(finished_on)
     created_entries: list[BillingEntry] = []

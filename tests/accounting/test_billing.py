@@ -130,8 +130,6 @@ def _bill_month(w: ThreePools):
         "J3": w.job("C", dt.date(2025, 3, 31), {"B": (2, 4, 0, 10000)}),
         # J4, project A on C's pool in April: (2×1 + 0.5×0) × 1 h = 2 SU × 0.0333 = 0.0666 → 0.07.
         "J4": w.job("A", dt.date(2025, 4, 2), {"C": (1, 0, 0, 3600)}),
-        # A failed job is not billed.
-        "failed": w.job("A", dt.date(2025, 3, 12), {"B": (4, 4, 0, 3600)}, status=JobStatus.FAILED),
     }
     for job in jobs.values():
         billing.job_bill(job=job)
@@ -156,7 +154,6 @@ def test_month_on_three_pools_gives_invoices_computed_by_hand(world):
         ("site-b", "compute_charge"): ("inst-c", D("8.3333"), D("0.33")),
         ("site-b", "compute_credit"): ("inst-b", D("8.3333"), D("0.33")),
     }
-    assert _entries(jobs["failed"]) == {}
 
     # March 2025, by hand:
     #   A: charges 0.96 (J1@B) + 0.00 (J1@A, own) = 0.96; credits 0.03 (J2@A); net 0.93
@@ -352,6 +349,28 @@ def test_data_credit_split_sums_exactly(world):
     totals = dict(Invoice.objects.values_list("institution__slug", "total"))
     assert totals == {"inst-a": D("10.66"), "inst-b": D("-10.33"), "inst-c": D("-0.33")}
     assert sum(totals.values()) == 0
+
+
+@pytest.mark.parametrize("status", [JobStatus.FAILED, JobStatus.STOPPED])
+def test_failed_job_is_billed_for_the_compute_it_used_and_earns_no_data_credit(world, status):
+    job, sites = _data_world(world)
+    job.status = status
+    job.save(update_fields=["status"])
+    for site in sites.values():  # scores exist (e.g. from an earlier step): still no data lines
+        BillingShareFactory(job=job, site=site, method="exact", share=1 / 3)
+    running = BillingJobFactory(project=world.project["A"], status=JobStatus.RUNNING)
+
+    billing.job_bill(job=job)
+    billing.job_bill(job=running)
+
+    # The slot time it held until it ended: 10 cores × 10 h = 100 SU × 0.10 = 10.00, as for a
+    # completed job (Slurm: allocated TRES × elapsed, whatever the exit code); no data charge
+    # and no data credit.
+    assert _entries(job) == {
+        ("data-b", "compute_charge"): ("inst-a", D("100.0000"), D("10.00")),
+        ("data-b", "compute_credit"): ("inst-b", D("100.0000"), D("10.00")),
+    }
+    assert _entries(running) == {}
 
 
 def test_data_credit_prefers_exact_then_gtg_then_data_volume(world):

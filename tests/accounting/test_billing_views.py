@@ -114,9 +114,9 @@ def test_billing_series_by_hand(world):
     assert series["labels"] == ["2025-02", "2025-03", "2025-04"]
     # B's project used J2: @C 8 cores × 2 h = 16 core-h, @A 1 core × 1/3 h = 0.333 core-h.
     assert series["core_hours_used"] == [0.0, 16.333, 0.0]
-    # B's site provided J1@B 4 × 1.5 = 6 core-h, J3@B 2 × 10000/3600 = 5.5556 core-h and the
-    # failed job's 4 × 1 = 4 core-h (used, though not billed): 15.5556 → 15.556 (chart: 3 dp).
-    assert series["core_hours_provided"] == [0.0, 15.556, 0.0]
+    # B's site provided J1@B 4 × 1.5 = 6 core-h and J3@B 2 × 10000/3600 = 5.5556 core-h:
+    # 11.5556 → 11.556 (chart: 3 dp).
+    assert series["core_hours_provided"] == [0.0, 11.556, 0.0]
     assert series["su_used"] == [0.0, 48.5, 0.0]  # 48 + 0.5
     assert series["su_provided"] == [0.0, 32.333, 0.0]  # 24 + 8.3333 → 3 dp
     assert series["charges"] == [0.0, 1.63, 0.0] and series["credits"] == [0.0, 1.29, 0.0]

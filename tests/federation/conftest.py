@@ -105,10 +105,13 @@ def flower_job_world(django_db_setup, django_db_blocker, live_server, tmp_path_f
 
 
 @contextlib.contextmanager
-def flower_world(slugs, *, root: Path, live_server, django_db_blocker, env: dict | None = None):
-    """Seed one site per slug (hospital-a's CSV with the canaries), ingest and grant each dataset,
-    start a SuperLink, a SuperNode per site and a Celery worker with beat; stop and flush after.
-    ``env``: extra environment of the worker (e.g. ``FRP_ROUND_TIMEOUT``)."""
+def flower_world(
+    slugs, *, root: Path, live_server, django_db_blocker, env: dict | None = None, csvs=None
+):
+    """Seed one site per slug (hospital-a's CSV with the canaries, or ``csvs``: slug → a CSV
+    file of the caller's), ingest and grant each dataset, start a SuperLink, a SuperNode per site
+    and a Celery worker with beat; stop and flush after. ``env``: extra environment of the worker
+    (e.g. ``FRP_ROUND_TIMEOUT``)."""
     from django.contrib.auth import get_user_model
 
     saved = {
@@ -142,9 +145,14 @@ def flower_world(slugs, *, root: Path, live_server, django_db_blocker, env: dict
             project_member_add(
                 by=researcher, project=project, user=steward, role=ProjectRole.MEMBER
             )
-            paths = demo_data.write_site_csvs(root / "incoming", tuple(slugs), canary=CANARY_TEXT)
-            if "hospital-a" in paths:
-                _plant_number(paths["hospital-a"])
+            if csvs is not None:
+                paths = dict(csvs)
+            else:
+                paths = demo_data.write_site_csvs(
+                    root / "incoming", tuple(slugs), canary=CANARY_TEXT
+                )
+                if "hospital-a" in paths:
+                    _plant_number(paths["hospital-a"])
             versions = []
             for site in sites:
                 dv = ingest_site_dataset(

@@ -278,11 +278,42 @@ def test_train_reply_missing_a_metric_is_refused():
         contract.TrainReply.from_record({k: v for k, v in TRAIN.items() if k != "wall-seconds"})
 
 
-def test_feature_stats_refuse_mismatched_lengths_and_negative_m2():
-    with pytest.raises(contract.ContractError, match="expected 2"):
-        contract.FeatureStats.from_record({"num-examples": 3, "mean": [1.0, 2.0], "m2": [1.0]})
+def test_design_stats_refuse_mismatched_lengths_and_negative_m2():
+    def record(**body):
+        return contract.json_record(
+            {"num_examples": 3, "mean": [1.0, 2.0], "m2": [1.0, 1.0], **body}
+        )
+
+    assert contract.DesignStats.from_record(record()).mean == [1.0, 2.0]
+    with pytest.raises(contract.ContractError, match="one mean and one m2"):
+        contract.DesignStats.from_record(record(m2=[1.0]))
     with pytest.raises(contract.ContractError, match="outside"):
-        contract.FeatureStats.from_record({"num-examples": 3, "mean": [1.0], "m2": [-1.0]})
+        contract.DesignStats.from_record(record(m2=[1.0, -1.0]))
+    with pytest.raises(contract.ContractError, match="not a number JSON allows"):
+        contract.DesignStats.from_record({"json": '{"num_examples": 3, "mean": [NaN], "m2": [0]}'})
+
+
+def test_job_spec_plans_are_checked_against_their_kind_and_the_features():
+    base = {
+        "sites": {"a": {"store_key": "k", "dataset": "d", "version": 1}},
+        "target": "y",
+        "features": ["x"],
+    }
+
+    def spec(**body):
+        return contract.JobSpec.from_json(json.dumps({**base, **body}))
+
+    plan = {"name": "x", "kind": "categorical", "missing": "most_frequent", "indicator": True}
+    assert spec(plans=[plan]).plan("x") == contract.FeaturePlan(
+        "x", "categorical", "most_frequent", True
+    )
+    assert spec().plan("x") == contract.FeaturePlan("x")  # numeric, median, no indicator
+    with pytest.raises(contract.ContractError, match="does not apply to a categorical"):
+        spec(plans=[{**plan, "missing": "mean"}])
+    with pytest.raises(contract.ContractError, match="are not features"):
+        spec(plans=[{**plan, "name": "z"}])
+    with pytest.raises(contract.ContractError, match="not one of"):
+        spec(task="clustering")
 
 
 def test_site_info_of_a_non_member_leaves_out_empty_lists():

@@ -3,7 +3,7 @@
 The Grid stands in for the SuperLink: it answers each ``evaluate.coalitions`` message as a site would
 (scoring every stacked model on that site's own held-out data with ``task.loss_and_accuracy``).
 Expected utilities come from an independent computation: each coalition model scored on each
-site's held-out rows, and the median over the sites of those accuracies (ADR 0019: a site's scores
+site's held-out rows, and the median over the sites of those accuracies (ADR 0024: a site's scores
 of coalitions that include itself cannot be verified, so no single site decides the utility).
 """
 
@@ -34,9 +34,15 @@ def task_identity(monkeypatch):
 class SiteGrid:
     """Pushes record the messages; pulls answer them as the site behind each node would."""
 
-    def __init__(self, data: dict[int, tuple[np.ndarray, np.ndarray]], failing: set[int] = ()):
+    def __init__(
+        self,
+        data: dict[int, tuple[np.ndarray, np.ndarray]],
+        failing: set[int] = (),
+        task_name: str = "classification",
+    ):
         self.data = data
         self.failing = set(failing)
+        self.task = task_name
         self.pushed: list[Message] = []
 
     def push_messages(self, messages):
@@ -55,7 +61,7 @@ class SiteGrid:
                 continue  # never answers: times out
             X, y = self.data[node]
             models = task.unstack_models(msg.content["models"].to_numpy_ndarrays())
-            scores = [task.loss_and_accuracy(m, X, y) for m in models]
+            scores = [task.loss_and_accuracy(m, X, y, task=self.task) for m in models]
             metrics = MetricRecord(
                 {
                     "num-examples": len(y),
@@ -168,3 +174,49 @@ def test_no_site_answering_fails_the_evaluation():
             timeout=0.2,
             poll=0.01,
         )
+
+
+def test_regression_utility_is_the_median_of_the_sites_negative_rmse_of_each_coalition_model():
+    rng = np.random.default_rng(9)
+    w_true = rng.normal(size=(3, 1))
+
+    def make(n):
+        X = rng.normal(size=(n, 3))
+        return X, (X @ w_true)[:, 0] + rng.normal(0, 0.1, n)
+
+    train = {i: make(n) for i, n in enumerate((40, 25))}
+    held_out = {201: make(9), 202: make(21)}
+    initial = task.init_params(3, 1)
+    updates = {
+        i: task.train_sgd(
+            initial, X, y, epochs=2, learning_rate=0.1, batch_size=8, seed=1, task="regression"
+        )[0]
+        for i, (X, y) in train.items()
+    }
+    logs = [task.RoundLog(start=initial, updates=updates, examples={0: 40, 1: 25})]
+
+    out = server_app.evaluate_contribution(
+        grid=SiteGrid(held_out, task_name="regression"),
+        players=["a", "b"],
+        initial=initial,
+        rounds=logs,
+        active={"a": 201, "b": 202},
+        config=ConfigRecord({"classes": [""]}),
+        timeout=5,
+        poll=0.01,
+        task="regression",
+    )
+
+    for members in [(), (0,), (1,), (0, 1)]:
+        model = task.coalition_run_model(initial, logs, frozenset(members))
+        # each site's own negative RMSE; the utility is their median (ADR 0024), here of two sites
+        per_site = [
+            -float(np.sqrt(np.mean((task.predict(model, X) - y) ** 2)))
+            for X, y in held_out.values()
+        ]
+        expected = float(np.median(per_site))
+        assert out.utilities["0"][coalition_key(frozenset(members))] == pytest.approx(expected)
+    assert out.utilities["0"]["0,1"] > out.utilities["0"][""]  # training helps
+    assert out.utility == (
+        "median over the evaluating sites of negative held-out RMSE (standardised target)"
+    )

@@ -2,7 +2,7 @@
 
 ``server_app.run_job`` runs over a Grid that stands in for the SuperLink: each node answers with
 the **real ClientApp handlers** (``frp_flwr.client_app``) on its own in-memory split (the sandbox
-loader is replaced by a table per site, split by the real ``task.stratified_split``). A hostile
+loader is replaced by a table per site, split by the real ``preprocess.site_frame``). A hostile
 node wraps the handlers' replies the way the hostile tester's ``sitecustomize.py`` did (inflated
 example counts and seconds, self-serving coalition accuracies) or claims another site's name.
 The portal is a recorder that parses every event with the contract, as the real Reporter does,
@@ -11,16 +11,18 @@ and answers with each site's limits (rows registered at ingest, allocated cores)
 
 from __future__ import annotations
 
+import json
 import sys
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "federation/flwr_app"))
-from frp_flwr import client_app, server_app, task  # noqa: E402
+from frp_flwr import client_app, preprocess, server_app, task  # noqa: E402
 from frp_flwr.contract import (  # noqa: E402
     CallbackAnswer,
     JobSpec,
@@ -28,6 +30,7 @@ from frp_flwr.contract import (  # noqa: E402
     SiteLimits,
     SitePointer,
     encode_event,
+    json_record,
 )
 
 ROWS = {"hospital-a": 120, "hospital-b": 90, "hospital-c": 60}
@@ -67,14 +70,17 @@ def in_memory_sites(monkeypatch):
         if node_config.get("broken"):
             raise task.SiteDataError(f"site {site!r}: KeyringError: no key for this site")
         X, y = TABLES[site]
-        train, test = task.stratified_split(y, test_fraction=test_fraction, seed=seed)
-        return task.SiteData(X[train], y[train], X[test], y[test], ["f0", "f1", "f2"])
+        columns = {"label": y, **{f"f{j}": X[:, j] for j in range(X.shape[1])}}
+        spec = replace(spec, features=spec.features or ["f0", "f1", "f2"])
+        return preprocess.site_frame(columns, spec, test_fraction=test_fraction, seed=seed)
 
-    monkeypatch.setattr(client_app, "load_site_data", load)
+    monkeypatch.setattr(client_app, "load_site_frame", load)
 
 
 HANDLERS = {
     "query": client_app.query,
+    "query.quantiles": client_app.query_quantiles,
+    "query.design": client_app.query_design,
     "train": client_app.train,
     "evaluate": client_app.evaluate,
     "evaluate.coalitions": client_app.evaluate_coalitions,
@@ -155,6 +161,7 @@ def _cfg(sites=("hospital-a", "hospital-b", "hospital-c"), rounds: int = 2) -> R
     spec = JobSpec(
         sites={s: SitePointer(store_key=f"{s}/v1", dataset=f"{s}-data", version=1) for s in sites},
         target="label",
+        features=["f0", "f1", "f2"],
         min_sites=2,
     )
     return RunConfig(
@@ -205,7 +212,7 @@ def test_an_honest_run_counts_each_sites_own_split():
 
     (last,) = [e for e in portal.of("round") if e.round == 2]
     for site, n in ROWS.items():
-        _, test = task.stratified_split(TABLES[site][1], test_fraction=0.2, seed=42)
+        _, test = preprocess.stratified_split(TABLES[site][1], test_fraction=0.2, seed=42)
         assert last.sites[site].ok
         assert last.sites[site].train_examples == n - len(test)
         assert last.sites[site].eval_examples == len(test)
@@ -240,10 +247,25 @@ def test_a_site_inflating_its_examples_and_seconds_is_refused_and_the_others_go_
     assert portal.of("finished")
 
 
-def test_a_site_claiming_fewer_training_rows_at_discovery_is_refused():
-    """The discovery statistics' count (federated standardisation weights) is bounded too."""
+def _summary_tamper(**changes):
+    """A hostile site's wrapper: fields of its discovery ``summary`` replaced."""
+
+    def tamper(msg, reply):
+        if reply.has_error() or "summary" not in reply.content:
+            return reply
+        body = json.loads(str(reply.content["summary"]["json"]))
+        body.update(changes)
+        content = RecordDict({k: v for k, v in reply.content.items() if k != "summary"})
+        content["summary"] = ConfigRecord(json_record(body))
+        return Message(content=content, reply_to=msg)
+
+    return tamper
+
+
+def test_a_site_claiming_more_rows_at_discovery_is_refused():
+    """The discovery summary's row count (the preprocessing's weights) is bounded too."""
     nodes = _honest()
-    nodes[102].tamper = _metrics_tamper("stats", **{"num-examples": 10**12})
+    nodes[102].tamper = _summary_tamper(rows=10**12)
 
     portal = _run(nodes)
 

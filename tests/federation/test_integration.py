@@ -217,7 +217,7 @@ def test_contribution_scores_from_the_real_run(outcome):
     run = contribution["utilities"]["0"]
     assert set(run) == {"", "0", "1", "0,1"}
     # The full coalition's rebuilt model is the real final model: its utility is the median over
-    # the sites (ADR 0019) of the accuracy each site measured for the final model.
+    # the sites (ADR 0024) of the accuracy each site measured for the final model.
     per_site = [js.final_metrics["eval_accuracy"] for js in outcome.sites]
     assert len(per_site) == 2
     assert run["0,1"] == pytest.approx(float(np.median(per_site)), abs=1e-9)
@@ -275,6 +275,8 @@ def test_canary_never_leaves_the_site(outcome, flower_job_world):
     # from the log" means "never received".
     assert Counter(r["message_type"] for r in replies) == {
         "query": 2,
+        "query.quantiles": 2,  # the preparation: quantiles for the median fills,
+        "query.design": 2,  # and the prepared matrix's statistics
         "train": 4,
         "evaluate": 4,
         "evaluate.coalitions": 2,
@@ -350,14 +352,16 @@ def test_no_callback_credential_reaches_a_site(outcome, flower_job_world):
     }
     blobs = _site_bytes(w)
 
-    # The capture is complete: each site logged every message it handled (discovery, 2 train,
-    # 2 evaluate, 1 coalition evaluation) with the run config and node config it ran under.
+    # The capture is complete: each site logged every message it handled (discovery, the two
+    # preparation steps, 2 train, 2 evaluate, 1 coalition evaluation) with the run config and node config it ran under.
     for version in w.versions:
         site = version.dataset.site.slug
         lines = (w.received_log_dir / f"{site}.jsonl").read_text().splitlines()
         entries = [json.loads(line) for line in lines]
         assert Counter(e["message_type"] for e in entries) == {
             "query": 1,
+            "query.quantiles": 1,
+            "query.design": 1,
             "train": 2,
             "evaluate": 2,
             "evaluate.coalitions": 1,

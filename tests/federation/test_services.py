@@ -163,10 +163,37 @@ def test_job_submit_missing_target_names_dataset_and_columns(world):
     assert "No column 'nope'" in msg and "x1, x2, label" in msg
 
 
-def test_job_submit_non_numeric_feature_refused(world):
+def test_job_submit_target_as_feature_refused(world):
     with pytest.raises(services.JobError) as err:
         submit(world, feature_columns=["x1", "label"])
-    assert "missing or not numeric: 'label'" in err.value.field_errors["feature_columns"][0]
+    assert err.value.field_errors["feature_columns"] == [
+        "The target column cannot also be a feature."
+    ]
+
+
+def test_job_submit_text_feature_is_categorical_and_cannot_be_numeric(world, fake_superlink):
+    for v in world["versions"]:
+        v.schema = [*v.schema, {"name": "ward", "type": "str"}]
+        v.profile = {"columns": [{"name": "x1", "missing": "≤7"}]}
+        v.save()
+    job = submit(world, feature_columns=["x1", "ward"])
+    assert job.task == "classification"  # label is text
+    assert job.preprocessing == [
+        {"name": "x1", "kind": "numeric", "missing": "median", "indicator": True},  # has missing
+        {"name": "ward", "kind": "categorical", "missing": "most_frequent", "indicator": False},
+    ]
+    with pytest.raises(services.JobError) as err:
+        submit(world, feature_columns=["ward"], preprocessing=[contract.FeaturePlan("ward")])
+    assert "'ward' (str) cannot be used as numeric" in err.value.field_errors["feature_columns"][0]
+
+
+def test_job_submit_float_target_is_regression_and_identifiers_are_left_out(world, fake_superlink):
+    for v in world["versions"]:
+        v.schema = [{"name": "id", "type": "int"}, *v.schema, {"name": "y", "type": "float"}]
+        v.save()
+    job = submit(world, target_column="y")
+    assert job.task == "regression"
+    assert job.feature_columns == ["x1", "x2"]  # not the identifier, not the target
 
 
 def test_job_launch_submits_run_with_spec_and_marks_running(world, fake_superlink, launch):
@@ -508,6 +535,49 @@ def test_reconcile_keeps_flowers_run_figures(world, fake_superlink, launch):
         "clientapp_seconds": 2.5,
     }
     assert job.final_metrics["eval_accuracy"] == 0.9
+
+
+@pytest.mark.parametrize(
+    ("sub_status", "baseline", "subject", "line"),
+    [
+        (
+            "completed",
+            {"name": "majority class (benign)", "metric": "accuracy", "value": 0.63, "model": 0.61,
+             "better": False},
+            "no better than the baseline",
+            "Flagged: the final model's accuracy (0.6100) is no better than the majority class "
+            "(benign) (0.6300)",
+        ),
+        (
+            "completed",
+            {"name": "training mean", "metric": "rmse", "value": 80.0, "model": 54.5,
+             "better": True},
+            "completed",
+            "Final rmse: 54.5000 (baseline training mean: 80.0000).",
+        ),
+        ("failed", None, "failed", "Reason: Round 2: site hospital-b returned a train loss"),
+    ],
+)  # fmt: skip
+def test_ended_job_notifies_its_submitter_with_the_baseline_flag(
+    world, fake_superlink, launch, mailoutbox, django_capture_on_commit_callbacks,
+    sub_status, baseline, subject, line,
+):  # fmt: skip
+    world["pi"].email = "pi@example.org"
+    world["pi"].save()
+    job = launch(world)
+    final = {"eval_accuracy": 0.6, "baseline": baseline} if baseline else {}
+    FederatedJob.objects.filter(pk=job.pk).update(
+        final_metrics=final,
+        failure_reason="round 2: site hospital-b returned a train loss that is not a finite number",
+    )
+    fake_superlink.status = superlink.RunStatus("7", "finished", sub_status, "", {})
+    with django_capture_on_commit_callbacks(execute=True):
+        services.job_reconcile(job_id=job.pk)
+    (mail,) = mailoutbox
+    assert mail.to == ["pi@example.org"]
+    assert subject in mail.subject
+    assert line in mail.body
+    assert f"/jobs/{job.pk}/" in mail.body
 
 
 # ---------------------------------------------------------------------------------------------

@@ -495,3 +495,111 @@ def test_upload_of_a_version_with_the_same_schema_does_not_warn(client, site, st
 
     assert response.status_code == 200 and dataset.versions.filter(version=2).exists()
     assert "different schema" not in response.content.decode()
+
+
+# --- missing-value markers: the command and the form agree (issue 10, point 7) -----------------
+
+# A numeric column with empty cells and NA markers; row 5 has both.
+MARKED = b"id,age,weight\n1,34,70.5\n2,NA,80\n3,,65\n4,51,NA\n5,NA,\n6,47,72\n"
+
+
+def _ingest_marked(site, tmp_path, *extra) -> tuple[DatasetVersion, str]:
+    path = tmp_path / "marked.csv"
+    path.write_bytes(MARKED)
+    err = StringIO()
+    call_command(
+        "dataset_ingest",
+        str(path),
+        "--site",
+        site.slug,
+        "--dataset",
+        "marked",
+        "--title",
+        "Marked",
+        *extra,
+        stdout=StringIO(),
+        stderr=err,
+    )
+    return DatasetVersion.objects.get(dataset__slug="marked"), err.getvalue()
+
+
+def test_command_missing_adds_to_the_default_marker(site, tmp_path):
+    dv, warnings = _ingest_marked(site, tmp_path, "--missing", "NA")
+    assert dv.missing_values == ["", "NA"]
+    assert {c["name"]: c["type"] for c in dv.schema} == {
+        "id": "int",
+        "age": "int",
+        "weight": "float",
+    }
+    table = _load(dv)
+    assert [x != x for x in table.data["age"].tolist()] == [False, True, True, False, True, False]
+    assert [x != x for x in table.data["weight"].tolist()] == [
+        False,
+        False,
+        False,
+        True,
+        True,
+        False,
+    ]
+    assert warnings == ""
+
+
+def test_command_no_default_missing_keeps_only_the_declared_markers(site, tmp_path):
+    dv, warnings = _ingest_marked(site, tmp_path, "--no-default-missing", "--missing", "NA")
+    assert dv.missing_values == ["NA"]
+    # An empty cell is now a value, and not a number: both columns with one become text.
+    assert {c["name"]: c["type"] for c in dv.schema}["age"] == "str"
+    assert "column 'age' is read as text because 1 cell(s) are not numbers: '' (1)" in warnings
+
+
+def test_command_reports_a_numeric_column_turned_text_by_an_undeclared_marker(site, tmp_path):
+    dv, warnings = _ingest_marked(site, tmp_path)
+    assert dv.missing_values == [""]
+    types = {c["name"]: c["type"] for c in dv.schema}
+    assert types["age"] == types["weight"] == "str"
+    assert "column 'age' is read as text because 2 cell(s) are not numbers: 'NA' (2)" in warnings
+    assert "column 'weight' is read as text because 1 cell(s) are not numbers: 'NA' (1)" in warnings
+    profile = {c["name"]: c for c in dv.profile["columns"]}
+    assert profile["age"]["not_numbers"] == "≤7"  # the profile holds only the suppressed count
+    assert "not_numbers" not in profile["id"]
+
+
+def test_profile_marks_identifier_like_columns(site, tmp_path):
+    dv, _ = _ingest_marked(site, tmp_path, "--missing", "NA")
+    profile = {c["name"]: c["identifier"] for c in dv.profile["columns"]}
+    assert profile == {"id": True, "age": False, "weight": False}
+
+
+def test_upload_form_and_command_give_the_same_markers(site):
+    from sandbox.csvformat import missing_markers
+    from sandbox.forms import DatasetUploadForm
+
+    def form_markers(empty: bool, text: str) -> list[str]:
+        data = {"site": site.pk, "slug": "x", "title": "X", "missing_markers": text}
+        if empty:
+            data["empty_is_missing"] = "on"
+        form = DatasetUploadForm(
+            data,
+            {"file": _upload(b"a\n1\n")},
+            sites=type(site).objects.filter(pk=site.pk),
+            datasets=Dataset.objects.none(),
+        )
+        assert form.is_valid(), form.errors
+        return form.cleaned_data["missing_values"]
+
+    assert (
+        form_markers(True, "NA\n-999")
+        == list(missing_markers(["NA", "-999"]))
+        == [
+            "",
+            "NA",
+            "-999",
+        ]
+    )
+    assert form_markers(False, "NA") == list(missing_markers(["NA"], defaults=False)) == ["NA"]
+
+
+def _upload(content: bytes):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    return SimpleUploadedFile("x.csv", content, content_type="text/csv")

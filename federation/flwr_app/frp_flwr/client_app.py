@@ -1,12 +1,17 @@
 """ClientApp: runs at a site, opens only that site's dataset, trains and evaluates locally.
 
-Three handlers (Flower Message API):
+Handlers (Flower Message API):
 
 - ``query``  — identify the site (``node_config["site"]``); if the site is part of the job, also return
-  its training split's statistics for standardisation (count, mean, M2) and its label set.
-- ``train``  — standardise with the federated mean/std, run local SGD, reply with the new weights and
-  metered usage (examples, loss, CPU seconds, wall seconds, bytes received and sent).
-- ``evaluate`` — loss and accuracy of the global model on the site's held-out split.
+  its label set and per-feature aggregates of its training split (``preprocess.site_summary``).
+- ``query.quantiles`` / ``query.design`` — the federated preprocessing's next steps
+  (``frp_flwr.preprocess``): cumulative counts for a median; the prepared matrix's column
+  statistics for standardisation and what was done to the rows (dropped, imputed).
+- ``train``  — prepare the rows with the job's fitted rules (missing values, one-hot categories,
+  federated standardisation), run local SGD (softmax or linear regression), reply with the new
+  weights and metered usage (examples, loss, CPU seconds, wall seconds, bytes received and sent).
+- ``evaluate`` — loss and accuracy of the global model on the site's held-out split; after the last
+  round also the aggregates of the final metrics (``frp_flwr.metrics``).
 - ``evaluate.coalitions`` — after the last round: loss and accuracy of K coalition models (sent
   stacked in one message) on the held-out split, for the portal's Shapley values. Only aggregate
   metrics per coalition leave the site.
@@ -30,7 +35,6 @@ from __future__ import annotations
 import json
 import time
 
-import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.serde import array_record_to_proto
@@ -38,18 +42,26 @@ from flwr.common.serde import array_record_to_proto
 from frp_flwr.contract import (
     CoalitionReply,
     EvaluateReply,
-    FeatureStats,
     RunConfig,
     SiteInfo,
     TrainReply,
+    json_record,
+)
+from frp_flwr.metrics import site_report
+from frp_flwr.preprocess import (
+    Fitted,
+    PreprocessError,
+    design_stats,
+    site_quantiles,
+    site_summary,
+    transform,
 )
 from frp_flwr.task import (
     SiteDataError,
-    encode_labels,
-    feature_sums,
-    label_keys,
-    load_site_data,
+    load_site_frame,
     loss_and_accuracy,
+    predict,
+    predict_proba,
     sanitise,
     train_sgd,
     unstack_models,
@@ -96,19 +108,26 @@ def log_received(msg: Message, context: Context) -> None:
         fh.write(json.dumps(entry) + "\n")
 
 
-def _site_data(context: Context):
+def _frame(context: Context):
     cfg = RunConfig.from_flower(context.run_config)
     spec = cfg.spec
-    data = load_site_data(
+    frame = load_site_frame(
         context.node_config, spec, test_fraction=cfg.test_fraction, seed=cfg.split_seed
     )
-    return spec, data
+    return cfg, spec, frame
 
 
-def _standardise(X: np.ndarray, config: ConfigRecord) -> np.ndarray:
-    mean = np.asarray(config["feature-mean"], dtype=np.float64)
-    std = np.asarray(config["feature-std"], dtype=np.float64)
-    return (X - mean) / std
+def _prepared(context: Context, config: ConfigRecord, part: str):
+    """``(run config, fitted rules, prepared part)`` for a train or evaluate message."""
+    cfg, _, frame = _frame(context)
+    fitted = Fitted.from_text(str(config["preprocess"]))
+    try:
+        prepared = transform(frame, fitted, part)
+    except PreprocessError as exc:
+        raise SiteDataError(sanitise(str(exc))) from None
+    if fitted.task == "regression":
+        prepared.y = (prepared.y - fitted.target_mean) / fitted.target_std
+    return cfg, fitted, prepared
 
 
 def _guard(handler):
@@ -128,33 +147,55 @@ def _guard(handler):
     return wrapped
 
 
+def _reply(msg: Message, **records) -> Message:
+    return Message(content=RecordDict(records), reply_to=msg)
+
+
 @app.query()
 @_guard
 def query(msg: Message, context: Context) -> Message:
-    """Identify this site; when it takes part, return n, mean, M2 and its label set."""
+    """Identify this site; when it takes part, also its labels and first statistics
+    (``preprocess.site_summary``: per feature over the training rows, no row)."""
     site = str(context.node_config.get("site", ""))
     spec = RunConfig.from_flower(context.run_config).spec
     if site not in spec.sites:
         info = SiteInfo(site=site, member=False)
-        return Message(content=RecordDict({"info": ConfigRecord(info.as_record())}), reply_to=msg)
+        return _reply(msg, info=ConfigRecord(info.as_record()))
     try:
-        _, data = _site_data(context)
+        _, spec, frame = _frame(context)
     except SiteDataError as exc:
         # Said in the reply, attributed to this node by the ServerApp (never by matching text).
         info = SiteInfo(site=site, member=True, error=sanitise(str(exc)))
-        return Message(content=RecordDict({"info": ConfigRecord(info.as_record())}), reply_to=msg)
-    n, mean, m2 = feature_sums(data.X_train)
+        return _reply(msg, info=ConfigRecord(info.as_record()))
+    summary = site_summary(frame, spec)
     info = SiteInfo(
-        site=site,
-        member=True,
-        features=data.features,
-        labels=label_keys(np.concatenate([data.y_train_raw, data.y_test_raw])),
+        site=site, member=True, features=list(frame.values), labels=sorted(summary.labels)
     )
-    stats = FeatureStats(num_examples=n, mean=mean.tolist(), m2=m2.tolist())
-    content = RecordDict(
-        {"info": ConfigRecord(info.as_record()), "stats": MetricRecord(stats.as_record())}
+    return _reply(
+        msg, info=ConfigRecord(info.as_record()), summary=ConfigRecord(json_record(summary))
     )
-    return Message(content=content, reply_to=msg)
+
+
+@app.query("quantiles")
+@_guard
+def query_quantiles(msg: Message, context: Context) -> Message:
+    """Cumulative counts of the training cells at the ServerApp's grid (federated median)."""
+    _, _, frame = _frame(context)
+    grids = json.loads(str(msg.content["config"]["grids"]))
+    return _reply(msg, quantiles=ConfigRecord(json_record(site_quantiles(frame, grids))))
+
+
+@app.query("design")
+@_guard
+def query_design(msg: Message, context: Context) -> Message:
+    """The prepared training matrix's column statistics and what was done to the rows."""
+    _, _, frame = _frame(context)
+    fitted = Fitted.from_text(str(msg.content["config"]["preprocess"]))
+    try:
+        stats = design_stats(frame, fitted)
+    except PreprocessError as exc:
+        raise SiteDataError(sanitise(str(exc))) from None
+    return _reply(msg, design=ConfigRecord(json_record(stats)))
 
 
 @app.train()
@@ -163,45 +204,60 @@ def train(msg: Message, context: Context) -> Message:
     """Local SGD from the global weights; reply with weights and metered usage."""
     wall0, cpu0 = time.perf_counter(), time.process_time()
     config = msg.content["config"]
-    cfg = RunConfig.from_flower(context.run_config)
-    _, data = _site_data(context)
-    X = _standardise(data.X_train, config)
-    y = encode_labels(data.y_train_raw, list(config["classes"]))
+    cfg, fitted, data = _prepared(context, config, "train")
     params = msg.content["arrays"].to_numpy_ndarrays()
     new_params, loss = train_sgd(
         params,
-        X,
-        y,
+        data.X,
+        data.y,
         epochs=cfg.local_epochs,
         learning_rate=cfg.learning_rate,
         batch_size=cfg.batch_size,
         seed=int(config["server-round"]),
+        task=fitted.task,
     )
     arrays = ArrayRecord(new_params)
     metrics = TrainReply(
-        num_examples=len(y),
+        num_examples=len(data.y),
         train_loss=loss,
         bytes_received=payload_bytes(msg.content),
         bytes_sent=payload_bytes(RecordDict({"arrays": arrays})),
         cpu_seconds=time.process_time() - cpu0,
         wall_seconds=time.perf_counter() - wall0,
     )
-    content = RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics.as_record())})
-    return Message(content=content, reply_to=msg)
+    return _reply(msg, arrays=arrays, metrics=MetricRecord(metrics.as_record()))
 
 
 @app.evaluate()
 @_guard
 def evaluate(msg: Message, context: Context) -> Message:
-    """Loss and accuracy of the received model on this site's held-out split."""
+    """Loss and accuracy of the received model on this site's held-out split; after the last
+    round (config ``final``) also the aggregates of ``metrics.site_report``."""
     wall0, cpu0 = time.perf_counter(), time.process_time()
     config = msg.content["config"]
-    _, data = _site_data(context)
-    X = _standardise(data.X_test, config)
-    y = encode_labels(data.y_test_raw, list(config["classes"]))
-    loss, acc = loss_and_accuracy(msg.content["arrays"].to_numpy_ndarrays(), X, y)
+    _, fitted, data = _prepared(context, config, "test")
+    params = msg.content["arrays"].to_numpy_ndarrays()
+    loss, acc = loss_and_accuracy(params, data.X, data.y, task=fitted.task)
+    records = {}
+    if bool(config.get("final", False)):
+        if fitted.task == "classification":
+            report = site_report(
+                "classification",
+                y=data.y,
+                proba=predict_proba(params, data.X),
+                num_classes=len(fitted.classes),
+            )
+        else:
+            scale, shift = fitted.target_std, fitted.target_mean
+            report = site_report(
+                "regression",
+                y=data.y * scale + shift,
+                pred=predict(params, data.X) * scale + shift,
+                baseline_mean=shift,
+            )
+        records["report"] = ConfigRecord(json_record(report))
     metrics = EvaluateReply(
-        num_examples=len(y),
+        num_examples=len(data.y),
         eval_loss=loss,
         eval_accuracy=acc,
         bytes_received=payload_bytes(msg.content),
@@ -209,7 +265,7 @@ def evaluate(msg: Message, context: Context) -> Message:
         cpu_seconds=time.process_time() - cpu0,
         wall_seconds=time.perf_counter() - wall0,
     )
-    return Message(content=RecordDict({"metrics": MetricRecord(metrics.as_record())}), reply_to=msg)
+    return _reply(msg, metrics=MetricRecord(metrics.as_record()), **records)
 
 
 @app.evaluate("coalitions")
@@ -218,20 +274,19 @@ def evaluate_coalitions(msg: Message, context: Context) -> Message:
     """Score K coalition models (ArrayRecord "models": each layer stacked on axis 0) locally.
 
     Replies ``coalition-accuracy`` and ``coalition-loss`` (lists of K floats, in the order of the
-    config's ``coalition-keys``) and the held-out example count, plus metering.
+    config's ``coalition-keys``; for regression the loss is the mean squared error in
+    standardised target units and the accuracy 0) and the held-out example count, plus metering.
     """
     wall0, cpu0 = time.perf_counter(), time.process_time()
     config = msg.content["config"]
-    _, data = _site_data(context)
-    X = _standardise(data.X_test, config)
-    y = encode_labels(data.y_test_raw, list(config["classes"]))
+    _, fitted, data = _prepared(context, config, "test")
     models = unstack_models(msg.content["models"].to_numpy_ndarrays())
     keys = list(config["coalition-keys"])
     if len(keys) != len(models):
         raise SiteDataError(f"{len(models)} coalition models for {len(keys)} coalition keys")
-    scores = [loss_and_accuracy(params, X, y) for params in models]
+    scores = [loss_and_accuracy(params, data.X, data.y, task=fitted.task) for params in models]
     metrics = CoalitionReply(
-        num_examples=len(y),
+        num_examples=len(data.y),
         coalition_loss=[loss for loss, _ in scores],
         coalition_accuracy=[acc for _, acc in scores],
         bytes_received=payload_bytes(msg.content),
@@ -239,4 +294,4 @@ def evaluate_coalitions(msg: Message, context: Context) -> Message:
         cpu_seconds=time.process_time() - cpu0,
         wall_seconds=time.perf_counter() - wall0,
     )
-    return Message(content=RecordDict({"metrics": MetricRecord(metrics.as_record())}), reply_to=msg)
+    return _reply(msg, metrics=MetricRecord(metrics.as_record()))

@@ -11,8 +11,10 @@ sizes — before anyone acts on it:
    dataclass per event (:class:`Started`, :class:`Round`, :class:`Finished`, :class:`Contribution`,
    :class:`Failed`) and the portal's answer :class:`CallbackAnswer`. ``seq`` numbers a run's events
    1, 2, 3 …; the portal accepts each number once and only above the last one it accepted.
-3. **Site replies** (ClientApp → ServerApp metric records): :class:`SiteInfo`, :class:`FeatureStats`,
-   :class:`TrainReply`, :class:`EvaluateReply`, :class:`CoalitionReply`. A site could send anything,
+3. **Site replies** (ClientApp → ServerApp metric records): :class:`SiteInfo`, :class:`TrainReply`,
+   :class:`EvaluateReply`, :class:`CoalitionReply`, and the preparation and evaluation records
+   sent as JSON (:class:`SiteSummary`, :class:`SiteQuantiles`, :class:`DesignStats`,
+   :class:`EvalReport`). A site could send anything,
    so the ServerApp parses each reply and treats one that does not fit as that site's error.
 
 Every parser raises :class:`ContractError` naming the field (``sites.hospital-a.eval_accuracy: …``);
@@ -225,18 +227,83 @@ class SitePointer(_Record):
         )
 
 
+#: How a feature is encoded: ``numeric`` (as is), ``categorical`` (one-hot over the federated
+#: vocabulary), ``date`` (days since 1970-01-01, then as a number).
+FEATURE_KINDS = ("numeric", "categorical", "date")
+#: What is done with a feature's missing cells: drop the row, or impute from federated statistics.
+MISSING_RULES = ("drop", "mean", "median", "most_frequent")
+#: The rules each kind allows (the first is the portal's default for that kind).
+RULES_FOR_KIND = {
+    "numeric": ("median", "mean", "drop"),
+    "date": ("median", "mean", "drop"),
+    "categorical": ("most_frequent", "drop"),
+}
+#: The tasks; the target's type decides (float → regression, else classification).
+TASKS = ("classification", "regression")
+#: The profile's small-count threshold (``sandbox.profile.SMALL_COUNT``): a category held by at
+#: most this many rows at a site is merged into "other" there, and never named.
+SMALL_COUNT = 7
+
+
+@dataclass(frozen=True)
+class FeaturePlan(_Record):
+    """How one feature enters the model: its ``kind`` (``FEATURE_KINDS``), its ``missing`` rule
+    (``RULES_FOR_KIND[kind]``) and whether a 0/1 missing-indicator column is added."""
+
+    name: str
+    kind: str = "numeric"
+    missing: str = "median"
+    indicator: bool = False
+
+    @classmethod
+    def from_json(cls, raw: Any, where: str = "") -> FeaturePlan:
+        plan = cls(
+            **_read_fields(
+                cls,
+                raw,
+                where,
+                {
+                    "name": lambda v, w: read_str(v, w, max_len=200),
+                    "kind": lambda v, w: _choice(v, w, FEATURE_KINDS),
+                    "missing": lambda v, w: _choice(v, w, MISSING_RULES),
+                    "indicator": read_bool,
+                },
+            )
+        )
+        if plan.missing not in RULES_FOR_KIND[plan.kind]:
+            raise ContractError(
+                f"{where}.missing: {plan.missing!r} does not apply to a {plan.kind} feature "
+                f"(use one of {', '.join(RULES_FOR_KIND[plan.kind])})"
+            )
+        return plan
+
+
+def _choice(value: Any, where: str, choices) -> str:
+    text = read_str(value, where, max_len=40)
+    if text not in choices:
+        raise ContractError(f"{where}: {text[:40]!r} is not one of {', '.join(choices)}")
+    return text
+
+
 @dataclass(frozen=True)
 class JobSpec(_Record):
     """The parts of a job the Flower App needs; the ``job-spec`` run-config value, as JSON text.
 
     ``sites`` maps site id → SitePointer; ``features`` empty means "every numeric column except the
-    target"; ``min_sites`` is the fewest replying sites a round may aggregate.
+    target"; ``min_sites`` is the fewest replying sites a round may aggregate. ``task``:
+    ``classification`` (softmax regression) or ``regression`` (linear regression). ``plans``: how
+    each feature is encoded and its missing cells handled (``FeaturePlan``; a feature without a
+    plan is numeric with median imputation). ``small_count``: categories held by at most this
+    many rows at a site are merged into "other" there.
     """
 
     sites: dict[str, SitePointer]
     target: str
     features: list[str] = field(default_factory=list)
     min_sites: int = 2
+    task: str = "classification"
+    plans: list[FeaturePlan] = field(default_factory=list)
+    small_count: int = SMALL_COUNT
 
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
@@ -258,12 +325,33 @@ class JobSpec(_Record):
                         for i, f in enumerate(read_list(v, w, max_items=10_000))
                     ],
                     "min_sites": lambda v, w: read_int(v, w, lo=1, hi=MAX_SITES),
+                    "task": lambda v, w: _choice(v, w, TASKS),
+                    "plans": lambda v, w: [
+                        FeaturePlan.from_json(p, f"{w}[{i}]")
+                        for i, p in enumerate(read_list(v, w, max_items=10_000))
+                    ],
+                    "small_count": lambda v, w: read_int(v, w, lo=0, hi=1_000_000),
                 },
             )
         )
         if not spec.sites:
             raise ContractError("job-spec.sites: no site")
+        names = [p.name for p in spec.plans]
+        if len(set(names)) != len(names):
+            raise ContractError("job-spec.plans: a feature has two plans")
+        unplanned = set(names) - set(spec.features)
+        if unplanned:
+            raise ContractError(f"job-spec.plans: {sorted(unplanned)} are not features")
+        if spec.target in spec.features:
+            raise ContractError("job-spec.features: the target cannot also be a feature")
         return spec
+
+    def plan(self, name: str) -> FeaturePlan:
+        """The plan of feature ``name`` (the default plan when it has none)."""
+        for plan in self.plans:
+            if plan.name == name:
+                return plan
+        return FeaturePlan(name=name)
 
     def to_text(self) -> str:
         return json.dumps(self.to_json(), separators=(",", ":"), allow_nan=False)
@@ -410,13 +498,98 @@ class Event(_Record):
         return cls(**_read_fields(cls, raw, where, cls._READERS, skip=("event", "seq")))
 
 
+def _name_map(value: Any, where: str, item, *, max_items: int = 10_000) -> dict:
+    """``{column or label name: item(value, where)}``."""
+    return {
+        read_str(k, f"{where} key", max_len=200): item(v, f"{where}.{str(k)[:40]}")
+        for k, v in read_map(value, where, max_items=max_items).items()
+    }
+
+
+def _optional(reader):
+    return lambda v, w: None if v is None else reader(v, w)
+
+
+@dataclass(frozen=True)
+class SitePreparation(_Record):
+    """What one site did to its rows before training: ``rows`` in its dataset version,
+    ``dropped_target`` (no target value), ``dropped_rows`` (a missing cell in a feature whose
+    rule is "drop"), ``train_rows``/``test_rows`` kept, and per feature the cells imputed."""
+
+    rows: int = 0
+    dropped_target: int = 0
+    dropped_rows: int = 0
+    train_rows: int = 0
+    test_rows: int = 0
+    imputed: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, raw: Any, where: str = "") -> SitePreparation:
+        return cls(
+            **_read_fields(
+                cls,
+                raw,
+                where,
+                {
+                    "rows": _count,
+                    "dropped_target": _count,
+                    "dropped_rows": _count,
+                    "train_rows": _count,
+                    "test_rows": _count,
+                    "imputed": lambda v, w: _name_map(v, w, _count),
+                },
+            )
+        )
+
+
+@dataclass(frozen=True)
+class Preparation(_Record):
+    """How a job's data were prepared, from federated statistics (posted with ``started``).
+
+    ``columns``: the model's input columns (one-hot columns ``name=value``, ``name=(other)``,
+    indicators ``name (missing)``); ``fills``: feature → the value its missing cells get, as text
+    (``"median 4.2"``); ``notes``: readable remarks (a feature left out, categories merged);
+    ``sites``: each site's :class:`SitePreparation`.
+    """
+
+    task: str = "classification"
+    columns: list[str] = field(default_factory=list)
+    fills: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    sites: dict[str, SitePreparation] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, raw: Any, where: str = "") -> Preparation:
+        return cls(
+            **_read_fields(
+                cls,
+                raw,
+                where,
+                {
+                    "task": lambda v, w: _choice(v, w, TASKS),
+                    "columns": lambda v, w: [
+                        read_str(c, f"{w}[{i}]", max_len=500)
+                        for i, c in enumerate(read_list(v, w, max_items=20_000))
+                    ],
+                    "fills": lambda v, w: _name_map(v, w, _text),
+                    "notes": lambda v, w: [
+                        _text(n, f"{w}[{i}]") for i, n in enumerate(read_list(v, w, max_items=200))
+                    ],
+                    "sites": lambda v, w: read_site_map(v, w, SitePreparation.from_json),
+                },
+            )
+        )
+
+
 @dataclass(frozen=True)
 class Started(Event):
-    """Discovery is over: the job's sites → node ids, sites not connected, sites that erred."""
+    """Discovery is over: the job's sites → node ids, sites not connected, sites that erred, and
+    (when the sites got that far) how the data were prepared."""
 
     nodes: dict[str, str] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
+    preparation: Preparation | None = None
 
     name: ClassVar[str] = "started"
     _READERS: ClassVar[dict] = {
@@ -425,6 +598,7 @@ class Started(Event):
         ),
         "missing": _site_list,
         "errors": lambda v, w: read_site_map(v, w, _text),
+        "preparation": _optional(Preparation.from_json),
     }
 
 
@@ -505,6 +679,97 @@ class Round(Event):
     }
 
 
+def _confusion(value: Any, where: str) -> list[list[int]]:
+    rows = read_list(value, where, max_items=1000)
+    out = [
+        [
+            read_int(x, f"{where}[{i}][{j}]")
+            for j, x in enumerate(read_list(r, f"{where}[{i}]", max_items=1000))
+        ]
+        for i, r in enumerate(rows)
+    ]
+    if any(len(r) != len(out) for r in out):
+        raise ContractError(f"{where}: not a square matrix")
+    return out
+
+
+@dataclass(frozen=True)
+class Metrics(_Record):
+    """Held-out metrics of a model, at one site or pooled over sites.
+
+    Classification: ``accuracy``, ``balanced_accuracy`` (mean recall over the classes present),
+    ``macro_f1``, ``roc_auc`` (binary tasks only), ``log_loss`` (mean cross-entropy, nats) and
+    the ``confusion`` matrix (rows: true class, columns: predicted, in the job's class order;
+    exact counts — the portal shows counts under the small-count threshold as "≤ 7").
+    Regression: ``rmse``, ``mae`` (target units) and ``r2``.
+    """
+
+    examples: int = 0
+    accuracy: float | None = None
+    balanced_accuracy: float | None = None
+    macro_f1: float | None = None
+    roc_auc: float | None = None
+    log_loss: float | None = None
+    confusion: list[list[int]] = field(default_factory=list)
+    rmse: float | None = None
+    mae: float | None = None
+    r2: float | None = None
+
+    @classmethod
+    def from_json(cls, raw: Any, where: str = "") -> Metrics:
+        unit = _opt_accuracy
+        return cls(
+            **_read_fields(
+                cls,
+                raw,
+                where,
+                {
+                    "examples": _count,
+                    "accuracy": unit,
+                    "balanced_accuracy": unit,
+                    "macro_f1": unit,
+                    "roc_auc": unit,
+                    "log_loss": _opt_loss,
+                    "confusion": _confusion,
+                    "rmse": lambda v, w: read_opt_float(v, w, lo=0.0, hi=1e15),
+                    "mae": lambda v, w: read_opt_float(v, w, lo=0.0, hi=1e15),
+                    "r2": lambda v, w: read_opt_float(v, w, lo=-1e15, hi=1.0),
+                },
+            )
+        )
+
+
+@dataclass(frozen=True)
+class Baseline(_Record):
+    """The final model against the trivial one: the majority class of the pooled training
+    labels (``metric`` ``accuracy``) or the pooled training mean of the target (``rmse``), both
+    scored on the pooled held-out splits. ``better``: the model beats it (higher accuracy, lower
+    RMSE)."""
+
+    name: str
+    metric: str
+    value: float | None = None
+    model: float | None = None
+    better: bool = False
+
+    @classmethod
+    def from_json(cls, raw: Any, where: str = "") -> Baseline:
+        return cls(
+            **_read_fields(
+                cls,
+                raw,
+                where,
+                {
+                    "name": lambda v, w: read_str(v, w, max_len=200),
+                    "metric": lambda v, w: _choice(v, w, ("accuracy", "rmse")),
+                    "value": lambda v, w: read_opt_float(v, w, lo=0.0, hi=1e15),
+                    "model": lambda v, w: read_opt_float(v, w, lo=0.0, hi=1e15),
+                    "better": read_bool,
+                },
+            )
+        )
+
+
 @dataclass(frozen=True)
 class SiteEvaluation(_Record):
     """A site's evaluation of the final model on its held-out split."""
@@ -512,6 +777,7 @@ class SiteEvaluation(_Record):
     eval_examples: int = 0
     eval_loss: float | None = None
     eval_accuracy: float | None = None
+    metrics: Metrics | None = None
 
     @classmethod
     def from_json(cls, raw: Mapping, where: str = "") -> SiteEvaluation:
@@ -524,6 +790,7 @@ class SiteEvaluation(_Record):
                     "eval_examples": _count,
                     "eval_loss": _opt_loss,
                     "eval_accuracy": _opt_accuracy,
+                    "metrics": _optional(Metrics.from_json),
                 },
             )
         )
@@ -548,6 +815,34 @@ def read_model(value: Any, where: str) -> list:
     return [walk(layer, f"{where}[{i}]", 0) for i, layer in enumerate(layers)]
 
 
+def read_json_tree(value: Any, where: str, *, depth: int = 0) -> Any:
+    """A JSON value nested at most 5 levels, of short strings (≤ 500 characters), booleans,
+    null and finite numbers — e.g. the fitted preprocessing, pooled statistics only."""
+    if depth > 5:
+        raise ContractError(f"{where}: nested deeper than 5 levels")
+    if isinstance(value, dict):
+        return {
+            read_str(k, f"{where} key", max_len=500): read_json_tree(
+                v, f"{where}.{k}", depth=depth + 1
+            )
+            for k, v in read_map(value, where, max_items=20_000).items()
+        }
+    if isinstance(value, list):
+        return [
+            read_json_tree(v, f"{where}[{i}]", depth=depth + 1)
+            for i, v in enumerate(read_list(value, where, max_items=20_000))
+        ]
+    if isinstance(value, str):
+        return read_str(value, where, max_len=500)
+    if value is None or isinstance(value, bool):
+        return value
+    return (
+        read_float(value, where)
+        if isinstance(value, float)
+        else read_int(value, where, lo=-MAX_COUNT)
+    )
+
+
 @dataclass(frozen=True)
 class Finished(Event):
     """Training is over: the final model, its federated evaluation and each site's evaluation."""
@@ -559,6 +854,9 @@ class Finished(Event):
     classes: list[str] = field(default_factory=list)
     model: list = field(default_factory=list)
     sites: dict[str, SiteEvaluation] = field(default_factory=dict)
+    metrics: Metrics | None = None
+    baseline: Baseline | None = None
+    preprocessing: dict = field(default_factory=dict)
 
     name: ClassVar[str] = "finished"
     _READERS: ClassVar[dict] = {
@@ -572,6 +870,9 @@ class Finished(Event):
         ],
         "model": read_model,
         "sites": lambda v, w: read_site_map(v, w, SiteEvaluation.from_json),
+        "metrics": _optional(Metrics.from_json),
+        "baseline": _optional(Baseline.from_json),
+        "preprocessing": lambda v, w: read_json_tree(read_map(v, w, max_items=64), w),
     }
 
 
@@ -630,7 +931,7 @@ class Contribution(Event):
     ``players``: site ids, index = player number; ``utilities``: round key (``"0"`` is the whole
     run) → coalition key (ascending player indexes joined by commas, ``""`` the empty one) → utility.
     ``disagreement``: per evaluating site, the mean absolute difference between its accuracies and
-    the utilities (the sites' median, ADR 0019); a site far from the others stands out there.
+    the utilities (the sites' median, ADR 0024); a site far from the others stands out there.
     """
 
     players: list[str] = field(default_factory=list)
@@ -815,16 +1116,19 @@ def examples_problem(
     """Why a reply's ``num_examples`` cannot be true ("" when it can).
 
     ``kind``: ``"train"`` (the training split: ``rows`` minus the held-out rows) or ``"test"``
-    (the held-out split, scored by evaluate and coalition replies).
+    (the held-out split, scored by evaluate and coalition replies). Only the upper bound is
+    checked: the federated preprocessing leaves out rows without a target before the split and
+    may drop rows with a missing feature (``preprocess``), so a split may hold fewer rows than
+    ``rows`` implies (ADR 0024).
     """
     lo, hi = held_out_bounds(limits.rows, test_fraction=test_fraction, classes=classes)
     if kind == "train":
-        lo, hi = limits.rows - hi, limits.rows - lo
-    if lo <= num_examples <= hi:
+        hi = limits.rows - lo
+    if num_examples <= hi:
         return ""
     return (
         f"reported {num_examples} {kind} examples; the dataset version registered for this site "
-        f"has {limits.rows} rows, so its {kind} split holds {lo}..{hi}"
+        f"has {limits.rows} rows, so its {kind} split holds at most {hi}"
     )
 
 
@@ -935,26 +1239,6 @@ class SiteInfo(_Reply):
 
 
 @dataclass(frozen=True)
-class FeatureStats(_Reply):
-    """The ``stats`` record of a member's discovery reply: training rows ``n``, per-feature mean
-    and M2 (sum of squared deviations), for federated standardisation."""
-
-    num_examples: int
-    mean: list[float]
-    m2: list[float]
-
-    @classmethod
-    def from_record(cls, raw: Any, where: str = "stats") -> FeatureStats:
-        record = _record(raw, where)
-        mean = _floats(record.get("mean"), f"{where}.mean")
-        return FeatureStats(
-            num_examples=read_int(record.get("num-examples"), f"{where}.num-examples"),
-            mean=mean,
-            m2=_floats(record.get("m2"), f"{where}.m2", length=len(mean), lo=0.0),
-        )
-
-
-@dataclass(frozen=True)
 class TrainReply(_Reply):
     """The ``metrics`` record of a train reply (the weights travel beside it as ``arrays``)."""
 
@@ -1011,3 +1295,204 @@ class CoalitionReply(_Reply):
         "coalition_accuracy": lambda v, w: _floats(v, w, **_ACCURACY),
         **_METERING_READERS,
     }
+
+
+# Replies too nested for a MetricRecord travel as JSON text in a ConfigRecord ``{"json": text}``.
+
+
+def reply_json(record: Any, where: str) -> Any:
+    """The JSON value in a ConfigRecord ``{"json": text}``. Raises ``ContractError``."""
+    record = _record(record, where)
+    text = read_str(record.get("json"), f"{where}.json", max_len=MAX_EVENT_BYTES)
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except ContractError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise ContractError(f"{where}: not JSON ({exc})") from None
+
+
+def json_record(value: _Record | dict) -> dict:
+    """``{"json": text}`` for a ConfigRecord (raises ``ValueError`` for a non-finite number)."""
+    body = value.to_json() if hasattr(value, "to_json") else value
+    return {"json": json.dumps(body, separators=(",", ":"), allow_nan=False)}
+
+
+@dataclass(frozen=True)
+class FeatureSummary(_Record):
+    """One feature at one site, over its training rows: cells ``missing``; for a numeric or date
+    feature the observed count ``n``, ``mean`` and ``m2`` (sum of squared deviations); for a
+    categorical one the ``categories`` held by more than ``small_count`` rows (value → rows) and
+    the rows of all other values together (``other``)."""
+
+    missing: int = 0
+    n: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+    categories: dict[str, int] = field(default_factory=dict)
+    other: int = 0
+
+    @classmethod
+    def from_json(cls, raw: Any, where: str = "") -> FeatureSummary:
+        return cls(
+            **_read_fields(
+                cls,
+                raw,
+                where,
+                {
+                    "missing": _count,
+                    "n": _count,
+                    "mean": read_float,
+                    "m2": lambda v, w: read_float(v, w, lo=0.0),
+                    "categories": lambda v, w: _name_map(v, w, _count, max_items=1000),
+                    "other": _count,
+                },
+            )
+        )
+
+
+@dataclass(frozen=True)
+class SiteSummary(_Record):
+    """A member site's first statistics (the ``summary`` record of its discovery reply): its
+    ``rows``, rows without a target value, target ``labels`` (label → rows, classification), and
+    per feature a :class:`FeatureSummary` of its training rows."""
+
+    rows: int = 0
+    target_missing: int = 0
+    labels: dict[str, int] = field(default_factory=dict)
+    features: dict[str, FeatureSummary] = field(default_factory=dict)
+
+    @classmethod
+    def from_record(cls, raw: Any, where: str = "summary") -> SiteSummary:
+        return cls(
+            **_read_fields(
+                cls,
+                reply_json(raw, where),
+                where,
+                {
+                    "rows": _count,
+                    "target_missing": _count,
+                    "labels": lambda v, w: _name_map(v, w, _count),
+                    "features": lambda v, w: _name_map(v, w, FeatureSummary.from_json),
+                },
+            )
+        )
+
+
+@dataclass(frozen=True)
+class SiteQuantiles(_Record):
+    """Per feature, the site's training cells at or below each point of the ServerApp's grid
+    (cumulative counts, for a federated median)."""
+
+    features: dict[str, list[int]] = field(default_factory=dict)
+
+    @classmethod
+    def from_record(cls, raw: Any, where: str = "quantiles") -> SiteQuantiles:
+        def counts(v, w):
+            return [_count(x, f"{w}[{i}]") for i, x in enumerate(read_list(v, w, max_items=4096))]
+
+        return cls(
+            **_read_fields(
+                cls,
+                reply_json(raw, where),
+                where,
+                {"features": lambda v, w: _name_map(v, w, counts)},
+            )
+        )
+
+
+@dataclass(frozen=True)
+class DesignStats(_Record):
+    """A site's prepared training matrix, summarised for federated standardisation: rows
+    ``num_examples``, per column ``mean`` and ``m2``; the training ``labels`` kept (label → rows)
+    or, for regression, the target's ``target_n``/``target_mean``/``target_m2``; and what was
+    done to the rows (:class:`SitePreparation`)."""
+
+    num_examples: int = 0
+    mean: list[float] = field(default_factory=list)
+    m2: list[float] = field(default_factory=list)
+    labels: dict[str, int] = field(default_factory=dict)
+    target_n: int = 0
+    target_mean: float = 0.0
+    target_m2: float = 0.0
+    preparation: SitePreparation = field(default_factory=SitePreparation)
+
+    @classmethod
+    def from_record(cls, raw: Any, where: str = "design") -> DesignStats:
+        out = cls(
+            **_read_fields(
+                cls,
+                reply_json(raw, where),
+                where,
+                {
+                    "num_examples": _count,
+                    "mean": lambda v, w: _floats(v, w),
+                    "m2": lambda v, w: _floats(v, w, lo=0.0),
+                    "labels": lambda v, w: _name_map(v, w, _count),
+                    "target_n": _count,
+                    "target_mean": read_float,
+                    "target_m2": lambda v, w: read_float(v, w, lo=0.0),
+                    "preparation": SitePreparation.from_json,
+                },
+            )
+        )
+        if len(out.mean) != len(out.m2):
+            raise ContractError(f"{where}: one mean and one m2 per column expected")
+        return out
+
+
+@dataclass(frozen=True)
+class EvalReport(_Record):
+    """A site's aggregates of the final model on its held-out split (the ``report`` record of
+    the last round's evaluate reply), from which the ServerApp computes site and pooled metrics.
+
+    Classification: ``confusion`` (true × predicted counts), ``log_loss_sum`` (nats, summed over
+    rows), for two classes the site's exact ``roc_auc`` and ``auc_pos``/``auc_neg``: rows per bin
+    of P(second class) (``AUC_BINS`` equal bins of [0, 1]) for the pooled AUC. Regression (target
+    units): ``sse``, ``sae``, ``sum_y``, ``sum_y2`` and ``sse_baseline`` (the pooled training
+    mean as the prediction).
+    """
+
+    examples: int = 0
+    confusion: list[list[int]] = field(default_factory=list)
+    log_loss_sum: float = 0.0
+    roc_auc: float | None = None
+    auc_pos: list[int] = field(default_factory=list)
+    auc_neg: list[int] = field(default_factory=list)
+    sse: float = 0.0
+    sae: float = 0.0
+    sum_y: float = 0.0
+    sum_y2: float = 0.0
+    sse_baseline: float = 0.0
+
+    @classmethod
+    def from_record(cls, raw: Any, where: str = "report") -> EvalReport:
+        def bins(v, w):
+            items = read_list(v, w, max_items=AUC_BINS)
+            return [_count(x, f"{w}[{i}]") for i, x in enumerate(items)]
+
+        big = {"lo": 0.0, "hi": 1e300}
+        return cls(
+            **_read_fields(
+                cls,
+                reply_json(raw, where),
+                where,
+                {
+                    "examples": _count,
+                    "confusion": _confusion,
+                    "log_loss_sum": lambda v, w: read_float(v, w, **big),
+                    "roc_auc": _opt_accuracy,
+                    "auc_pos": bins,
+                    "auc_neg": bins,
+                    "sse": lambda v, w: read_float(v, w, **big),
+                    "sae": lambda v, w: read_float(v, w, **big),
+                    "sum_y": read_float,
+                    "sum_y2": lambda v, w: read_float(v, w, **big),
+                    "sse_baseline": lambda v, w: read_float(v, w, **big),
+                },
+            )
+        )
+
+
+#: Bins of the predicted probability for the pooled ROC AUC (see :class:`EvalReport`).
+AUC_BINS = 1000

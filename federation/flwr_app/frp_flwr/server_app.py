@@ -8,7 +8,7 @@ Flow of one run (one portal job):
    naming both. Participating sites also return federated standardisation statistics and labels.
    The portal's answer to ``started`` gives each site's limits (rows registered at ingest,
    allocated cores): every reply's example count and CPU/wall seconds are checked against them
-   and the time measured here (ADR 0019); a site out of bounds is faulty and dropped.
+   and the time measured here (ADR 0024); a site out of bounds is faulty and dropped.
 2. **Rounds** — FedAvg (McMahan et al. 2017, "Communication-Efficient Learning of Deep Networks from
    Decentralized Data"), using Flower's ``FedAvg`` aggregation, over the job's nodes only (other jobs'
    sites on the same SuperLink are never sampled). Each round: train, then federated evaluation on
@@ -27,7 +27,7 @@ Flow of one run (one portal job):
    each site's returned weights. After ``finished`` it rebuilds coalition models without retraining
    (``task.coalition_run_model``; per round too within a model budget), sends them all to every remaining
    site in ONE ``evaluate.coalitions`` message, and posts a ``contribution`` event with
-   utility(S) = the median over the sites of S's model's held-out accuracy (ADR 0019). The portal computes the
+   utility(S) = the median over the sites of S's model's held-out accuracy (ADR 0024). The portal computes the
    Shapley values. A failure here is reported in the event and does not fail the run.
 
 Polling: ``Grid.send_and_receive`` sleeps 3 s between pulls; this app pushes and pulls itself every
@@ -42,7 +42,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -56,19 +56,23 @@ from frp_flwr.contract import (
     CoalitionReply,
     ContractError,
     Contribution,
+    DesignStats,
+    EvalReport,
     EvaluateReply,
     Event,
     Failed,
-    FeatureStats,
     Finished,
     JobSpec,
     Metering,
+    Preparation,
     Round,
     RunConfig,
     SiteEvaluation,
     SiteInfo,
     SiteLimits,
+    SiteQuantiles,
     SiteRound,
+    SiteSummary,
     Started,
     TrainReply,
     encode_event,
@@ -76,12 +80,19 @@ from frp_flwr.contract import (
     finite_or_none,
     metering_problem,
 )
+from frp_flwr.metrics import baseline, pooled_metrics, site_metrics
+from frp_flwr.preprocess import (
+    Fitted,
+    PreprocessError,
+    fit,
+    quantile_grids,
+    standardise_from,
+)
 from frp_flwr.signing import SignatureError, job_key, master_key_from_environ, sign
 from frp_flwr.task import (
     MAX_COALITION_MODELS,
     RoundLog,
     coalition_models,
-    combine_sums,
     init_params,
     readable_error,
     sanitise,
@@ -244,10 +255,10 @@ def exchange(grid: Grid, messages: list[Message], *, timeout: float, poll: float
 
 def discover(
     grid: Grid, spec: JobSpec, *, timeout: float, poll: float
-) -> tuple[dict[str, int], dict[str, tuple[SiteInfo, FeatureStats]], dict[str, str]]:
+) -> tuple[dict[str, int], dict[str, tuple[SiteInfo, SiteSummary]], dict[str, str]]:
     """Map the job's site ids to node ids.
 
-    Returns ``(site→node, site→(info, stats) of its discovery reply, site→error)``.
+    Returns ``(site→node, site→(info, summary) of its discovery reply, site→error)``.
 
     A site is known only from a node's own structured reply (:class:`SiteInfo`; a member that
     cannot open its data says why in ``info.error``): an error reply (an exception on the node,
@@ -296,7 +307,7 @@ def discover(
         ask(late)
 
     site_node: dict[str, int] = {}
-    site_reply: dict[str, tuple[SiteInfo, FeatureStats]] = {}
+    site_reply: dict[str, tuple[SiteInfo, SiteSummary]] = {}
     site_error: dict[str, str] = {}
     for site, by_node in sorted(claims.items()):
         if len(by_node) > 1:
@@ -313,13 +324,11 @@ def discover(
             site_error[site] = sanitise(info.error)
             continue
         try:
-            stats = FeatureStats.from_record(reply.content["stats"])
-            if len(stats.mean) != len(info.features):
-                raise ContractError("stats: one mean per feature expected")
+            summary = SiteSummary.from_record(reply.content["summary"])
         except (ContractError, KeyError) as exc:
             site_error[site] = sanitise(f"malformed discovery reply: {exc}")
             continue
-        site_reply[site] = (info, stats)
+        site_reply[site] = (info, summary)
     return site_node, site_reply, site_error
 
 
@@ -363,12 +372,16 @@ def fan_out(
     sites_out: dict[str, dict],
     reply_type: type[TrainReply] | type[EvaluateReply],
     check: ReplyCheck | None = None,
+    rnd: int = 0,
 ) -> dict[int, tuple[Message, TrainReply | EvaluateReply]]:
     """Send ``arrays`` + ``config`` to every active node; return node → (reply, parsed metrics).
 
     Errors, silences, replies that do not fit ``reply_type`` and replies ``check`` finds out of
     bounds (``check(site, metrics, elapsed seconds) -> problem``) mark the site's entry in
-    ``sites_out`` with ``ok=False`` and the reason; such replies are not returned.
+    ``sites_out`` with ``ok=False`` and the reason; such replies are not returned. A reply whose
+    loss or weights are NaN or infinite raises ``NonFinite`` naming the site and round ``rnd``:
+    training has diverged or the data hold values no model can use, and averaging it would spoil
+    every site's model.
     """
     msgs = [
         Message(
@@ -390,7 +403,16 @@ def fan_out(
     for node in result.timed_out:
         fail(node, f"no reply within {timeout:.0f} s")
     parsed = {}
-    for node, reply in result.replies.items():
+    for node, reply in sorted(result.replies.items()):
+        what = _non_finite(reply)
+        if what:
+            site = node_site[node]
+            sites_out[site].update(ok=False, error=what)
+            raise NonFinite(
+                f"round {rnd}: site {site} returned {what} in its {message_type} reply (NaN, "
+                "infinity or divergence); the job is stopped. Lower the learning rate, or check "
+                "the features' scales and missing-value handling."
+            )
         try:
             if message_type == MessageType.TRAIN:
                 _check_shapes(reply.content["arrays"], arrays)
@@ -404,6 +426,35 @@ def fan_out(
             continue
         parsed[node] = (reply, metrics)
     return parsed
+
+
+#: A loss above this is divergence, not a result (the contract's range for losses).
+MAX_LOSS = 1e12
+
+
+class NonFinite(JobFailed):
+    """A site's reply or the aggregated model holds NaN or infinity (the message names which)."""
+
+
+def _non_finite(reply: Message) -> str:
+    """What in a train or evaluate reply is NaN or infinite (``""``: nothing)."""
+    metrics = reply.content.get("metrics") if hasattr(reply.content, "get") else None
+    for key in ("train-loss", "eval-loss"):
+        value = metrics.get(key) if metrics is not None else None
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if number and not np.isfinite(value):
+            return f"a {key.replace('-', ' ')} that is not a finite number"
+        if number and abs(value) > MAX_LOSS:
+            return f"a {key.replace('-', ' ')} of {value:.3g}: training has diverged"
+    arrays = reply.content.get("arrays") if hasattr(reply.content, "get") else None
+    if isinstance(arrays, ArrayRecord):
+        try:
+            layers = arrays.to_numpy_ndarrays()
+        except Exception:  # noqa: BLE001 — a malformed record is the contract check's error
+            return ""
+        if not all(np.isfinite(np.asarray(a, dtype=np.float64)).all() for a in layers):
+            return "model weights that are not finite numbers"
+    return ""
 
 
 def _check_shapes(returned: ArrayRecord, sent: ArrayRecord) -> None:
@@ -431,6 +482,7 @@ def evaluate_contribution(
     poll: float,
     seed: int = 0,
     check: ReplyCheck | None = None,
+    task: str = "classification",
 ) -> Contribution:
     """Score coalition models at every active site with one message each; return the event.
 
@@ -438,13 +490,14 @@ def evaluate_contribution(
     coalition of :func:`coalitions.contribution_plan` (round key ``"0"``) and, while the message stays
     within ``MAX_COALITION_MODELS`` models, the same coalitions for every round ``t`` (key
     ``str(t)``, model ``w_{t−1} + Δ_S^t``). Every coalition model is scored by every site on its
-    own held-out split. Utility(S) = the **median over the evaluating sites** of acc_s(S) (ADR
-    0017): a site's scores of coalitions that include itself cannot be verified, and the median
-    keeps one site's (unweighted, so its example count does not matter) from moving the utility
-    beyond the other sites' range when three or more sites evaluate. ``disagreement``: per site,
-    the mean |acc_s(S) − utility(S)| over all models (a site far from the others stands out). A site whose reply
-    does not fit the contract or ``check`` (bounds of its held-out rows and metering) is left out
-    (named in ``errors``). Raises ``JobFailed`` when no site replies.
+    own held-out split: acc_s(S) for classification, −√MSE_s(S) (negative RMSE, standardised
+    target) for regression. Utility(S) = the **median over the evaluating sites** of that score
+    (ADR 0024): a site's scores of coalitions that include itself cannot be verified, and the
+    median keeps one site's (unweighted, so its example count does not matter) from moving the
+    utility beyond the other sites' range when three or more sites evaluate. ``disagreement``: per
+    site, the mean |score_s(S) − utility(S)| over all models (a site far from the others stands
+    out). A site whose reply does not fit the contract or ``check`` (bounds of its held-out rows
+    and metering) is left out (named in ``errors``). Raises ``JobFailed`` when no site replies.
     """
     t0 = time.monotonic()
     method, coalitions, permutations = contribution_plan(len(players), seed=seed)
@@ -495,7 +548,10 @@ def evaluate_contribution(
         if problem:
             errors[site] = f"faulty coalition reply, refused: {problem}"
             continue
-        scores[site] = np.asarray(m.coalition_accuracy, dtype=np.float64)
+        if task == "regression":
+            scores[site] = -np.sqrt(np.asarray(m.coalition_loss, dtype=np.float64))
+        else:
+            scores[site] = np.asarray(m.coalition_accuracy, dtype=np.float64)
         examples[site] = m.num_examples
         sites[site] = Metering(
             examples=m.num_examples,  # held-out rows, scored once per model in one pass
@@ -522,7 +578,11 @@ def evaluate_contribution(
         method=method,
         permutations=permutations,
         seed=seed,
-        utility="median over the evaluating sites of held-out accuracy",
+        utility=(
+            "median over the evaluating sites of negative held-out RMSE (standardised target)"
+            if task == "regression"
+            else "median over the evaluating sites of held-out accuracy"
+        ),
         utilities=utilities,
         examples=examples,
         models=len(keys),
@@ -594,6 +654,122 @@ def _refuse_unfit_entries(sites_out: dict[str, dict]) -> None:
             refuse(biggest, f"its counts overflow the round's total ({exc})")
 
 
+def _ask(
+    grid: Grid,
+    active: dict[str, int],
+    step: str,
+    config: dict,
+    parse,
+    *,
+    timeout: float,
+    poll: float,
+) -> dict:
+    """One preparation step (``query.<step>``) at every active site: site → parsed reply.
+    Raises ``JobFailed`` naming the sites that erred, fell silent or sent a malformed reply
+    (every site must apply the same rules, so the job cannot go on without one)."""
+    node_site = {n: s for s, n in active.items()}
+    msgs = [
+        Message(
+            RecordDict({"config": ConfigRecord(config)}),
+            dst_node_id=n,
+            message_type=f"{MessageType.QUERY}.{step}",
+        )
+        for n in active.values()
+    ]
+    result = exchange(grid, msgs, timeout=timeout, poll=poll)
+    problems = {node_site[n]: e for n, e in result.errors.items()}
+    problems.update({node_site[n]: f"no reply within {timeout:.0f} s" for n in result.timed_out})
+    out = {}
+    for node, reply in result.replies.items():
+        try:
+            out[node_site[node]] = parse(reply.content[step])
+        except (ContractError, KeyError) as exc:
+            problems[node_site[node]] = sanitise(f"malformed {step} reply: {exc}")
+    if problems:
+        raise JobFailed(
+            f"preparing the data ({step}) failed at "
+            + "; ".join(f"{s}: {e}" for s, e in sorted(problems.items()))
+        )
+    return out
+
+
+@dataclass
+class Prepared:
+    """The outcome of the federated preprocessing (``frp_flwr.preprocess``)."""
+
+    fitted: Fitted
+    preparation: Preparation
+    train_labels: dict[str, int]
+
+
+def prepare(
+    grid: Grid,
+    spec: JobSpec,
+    active: dict[str, int],
+    site_reply: dict[str, tuple[SiteInfo, SiteSummary]],
+    *,
+    timeout: float,
+    poll: float,
+) -> Prepared:
+    """Fit the job's preprocessing from the sites' aggregates (module doc of
+    ``frp_flwr.preprocess``): the discovery summaries, quantiles for median fills, then the
+    prepared matrices' statistics for standardisation. Raises ``JobFailed``."""
+    features = spec.features
+    if not features:  # every numeric column the sites share, in the first site's order
+        infos = [site_reply[s][0] for s in sorted(active)]
+        shared = set.intersection(*(set(i.features) for i in infos))
+        features = [f for f in infos[0].features if f in shared]
+    spec = replace(spec, features=features)
+    summaries = [site_reply[s][1] for s in sorted(active)]
+    classes: list[str] = []
+    if spec.task == "classification":
+        classes = sort_classes({c for s in active for c in site_reply[s][0].labels})
+        if len(classes) < 2:
+            raise JobFailed(
+                f"the target has {len(classes)} class(es) across all sites; need 2 or more"
+            )
+    grids = quantile_grids(spec, summaries)
+    quantiles = None
+    if grids:
+        quantiles = list(
+            _ask(
+                grid,
+                active,
+                "quantiles",
+                {"grids": json.dumps(grids)},
+                SiteQuantiles.from_record,
+                timeout=timeout,
+                poll=poll,
+            ).values()
+        )
+    try:
+        fitted = fit(spec, summaries, classes, quantiles, grids)
+        stats = _ask(
+            grid,
+            active,
+            "design",
+            {"preprocess": fitted.to_text()},
+            DesignStats.from_record,
+            timeout=timeout,
+            poll=poll,
+        )
+        standardise_from(fitted, list(stats.values()))
+    except PreprocessError as exc:
+        raise JobFailed(f"preparing the data: {exc}") from None
+    train_labels: dict[str, int] = {}
+    for st in stats.values():
+        for label, count in st.labels.items():
+            train_labels[label] = train_labels.get(label, 0) + count
+    preparation = Preparation(
+        task=spec.task,
+        columns=fitted.columns(),
+        fills=fitted.fills(),
+        notes=fitted.notes,
+        sites={s: st.preparation for s, st in stats.items()},
+    )
+    return Prepared(fitted, preparation, train_labels)
+
+
 def _without_site(error: str, site: str) -> str:
     """``error`` without its leading ``site 'x':`` (the sentence names the site already)."""
     prefix = f"site {site!r}: "
@@ -609,13 +785,14 @@ class _Run:
     ``active``: site → node id of the sites still training (shrinks as sites drop);
     ``node_site``/``player_of``: fixed at the start, for every site that began (``players``:
     sorted site ids, index = contribution player); ``arrays``: the current global model;
-    ``config``: what every site gets with it (federated ``feature-mean``/``feature-std``, the
-    global ``classes``, ``server-round``); ``initial``: the starting weights and ``history``: one
-    :class:`task.RoundLog` per round (both for the contribution); ``last_eval``: each site's
-    latest evaluation; ``aggregate_eval``: the latest round's federated evaluation
+    ``config``: what every site gets with it (the fitted ``preprocess`` rules, the global
+    ``classes``, ``server-round``, ``final``); ``prepared``: the federated preprocessing;
+    ``initial``: the starting weights and ``history``: one :class:`task.RoundLog` per round (both
+    for the contribution); ``last_eval``: each site's latest evaluation; ``reports``: each site's
+    final evaluation aggregates; ``aggregate_eval``: the latest round's federated evaluation
     (``eval_loss``, ``eval_accuracy``: finite or ``None``; ``eval_examples``); ``limits``: the
     portal's :class:`SiteLimits` per site and ``train_check``/``test_check`` the bounds on
-    replies built from them (ADR 0019); ``faulty``: site → reason of the sites refused after
+    replies built from them (ADR 0024); ``faulty``: site → reason of the sites refused after
     discovery (reported with round 1), ``site_node`` their node ids.
     """
 
@@ -625,7 +802,7 @@ class _Run:
     active: dict[str, int]
     arrays: ArrayRecord
     config: ConfigRecord
-    classes: list[str]
+    prepared: Prepared
     node_site: dict[int, str]
     players: list[str]
     player_of: dict[str, int]
@@ -637,6 +814,7 @@ class _Run:
     )
     history: list[RoundLog] = field(default_factory=list)
     last_eval: dict[str, SiteEvaluation] = field(default_factory=dict)
+    reports: dict[str, EvalReport] = field(default_factory=dict)
     aggregate_eval: dict = field(default_factory=dict)
     limits: dict[str, SiteLimits] = field(default_factory=dict)
     faulty: dict[str, str] = field(default_factory=dict)
@@ -644,95 +822,133 @@ class _Run:
     train_check: ReplyCheck | None = None
     test_check: ReplyCheck | None = None
 
-    def send_model(self, message_type: str, reply_type, sites_out: dict[str, dict], check=None):
-        """:func:`fan_out` of the current model to the active sites, with the run's settings."""
-        return fan_out(
-            message_type,
-            self.arrays,
-            grid=self.grid,
-            active=self.active,
-            node_site=self.node_site,
-            config=self.config,
-            timeout=self.cfg.round_timeout,
-            poll=self.cfg.poll_interval,
-            sites_out=sites_out,
-            reply_type=reply_type,
-            check=check,
+    @property
+    def task(self) -> str:
+        return self.prepared.fitted.task
+
+    @property
+    def classes(self) -> list[str]:
+        return self.prepared.fitted.classes
+
+    def send_model(
+        self, message_type: str, reply_type, sites_out: dict[str, dict], rnd: int, check=None
+    ):
+        """:func:`fan_out` of the current model to the active sites, with the run's settings and
+        the bounds ``check``; a non-finite reply posts the round as partial, then raises
+        ``NonFinite``."""
+        try:
+            return fan_out(
+                message_type,
+                self.arrays,
+                grid=self.grid,
+                active=self.active,
+                node_site=self.node_site,
+                config=self.config,
+                timeout=self.cfg.round_timeout,
+                poll=self.cfg.poll_interval,
+                sites_out=sites_out,
+                reply_type=reply_type,
+                check=check,
+                rnd=rnd,
+            )
+        except NonFinite:
+            self.post_partial(rnd, sites_out)
+            raise
+
+    def post_partial(self, rnd: int, sites_out: dict[str, dict]) -> None:
+        """Post round ``rnd`` as partial: only the sites' parts are recorded."""
+        self.reporter.post(
+            Round(
+                round=rnd,
+                sites={s: _site_round(e) for s, e in sites_out.items()},
+                partial=True,
+            )
         )
 
 
 @dataclass
 class _Discovered:
     """What discovery hands to :func:`_start`: the ready sites (site → node), their replies,
-    every claimed site's node, the portal's limits and the sites refused by them (site → why)."""
+    every claimed site's node and the ``started`` event to post (with the preparation)."""
 
     active: dict[str, int]
-    site_reply: dict[str, tuple[SiteInfo, FeatureStats]]
+    site_reply: dict[str, tuple[SiteInfo, SiteSummary]]
     site_node: dict[str, int]
-    limits: dict[str, SiteLimits]
-    faulty: dict[str, str]
+    started: Started
 
 
 def _discover_sites(grid: Grid, cfg: RunConfig, reporter: Reporter) -> _Discovered:
-    """Step 1: find the job's sites, post ``started``, read the portal's limits from its answer
-    and refuse the sites whose discovery count of training rows is out of them. Raises
-    ``JobFailed`` when fewer than ``min_sites`` are ready."""
+    """Step 1: find the job's sites. Raises ``JobFailed`` (after posting ``started``) when fewer
+    than ``min_sites`` are ready."""
     spec = cfg.spec
     site_node, site_reply, site_error = discover(
         grid, spec, timeout=cfg.discovery_timeout, poll=cfg.poll_interval
     )
     missing = sorted(set(spec.sites) - set(site_node) - set(site_error))
     active = {s: n for s, n in site_node.items() if s not in site_error}
-    answer = reporter.post(
-        Started(
-            nodes={s: str(n) for s, n in site_node.items()},
-            missing=missing,
-            errors=site_error,
-        )
+    started = Started(
+        nodes={s: str(n) for s, n in site_node.items()}, missing=missing, errors=site_error
     )
-    # What the portal knows of each site (rows registered at ingest, allocated cores) bounds what
-    # the site may report (ADR 0019); a site out of bounds is faulty and left out.
-    limits = answer.limits
-    classes = len(sort_classes({c for s in active for c in site_reply[s][0].labels}))
-    faulty: dict[str, str] = {}
-    for site in sorted(active):
-        lim = limits.get(site)
-        count = site_reply[site][1].num_examples
-        problem = (
-            examples_problem("train", count, lim, test_fraction=cfg.test_fraction, classes=classes)
-            if lim
-            else ""
-        )
-        if problem:
-            faulty[site] = f"faulty discovery reply, refused: {problem}"
-            active.pop(site)
     if len(active) < spec.min_sites:
+        reporter.post(started)
         problems = [f"{s} is not connected." for s in missing] + [
-            f"{s} could not take part: {_without_site(e, s)}"
-            for s, e in sorted({**site_error, **faulty}.items())
+            f"{s} could not take part: {_without_site(e, s)}" for s, e in sorted(site_error.items())
         ]
         raise JobFailed(
             f"Only {len(active)} of {len(spec.sites)} sites could take part, and the job needs "
             f"{spec.min_sites}. " + " ".join(problems)
         )
-    return _Discovered(active, site_reply, site_node, limits, faulty)
+    return _Discovered(active, site_reply, site_node, started)
+
+
+def _refuse_by_limits(
+    found: _Discovered, limits: dict[str, SiteLimits], min_sites: int
+) -> dict[str, str]:
+    """Refuse the sites whose discovery summary counts rows other than the portal's
+    :class:`SiteLimits` (rows of the dataset version registered at ingest; ADR 0024): they are
+    faulty, removed from ``found.active``; returns site → why. Raises ``JobFailed`` when fewer
+    than ``min_sites`` are left."""
+    faulty: dict[str, str] = {}
+    for site in sorted(found.active):
+        lim = limits.get(site)
+        summary = found.site_reply[site][1]
+        if lim is None:
+            continue
+        if summary.rows != lim.rows or summary.target_missing > summary.rows:
+            faulty[site] = (
+                f"faulty discovery reply, refused: reported {summary.rows} rows "
+                f"({summary.target_missing} without a target); the dataset version registered "
+                f"for this site has {lim.rows} rows"
+            )
+            found.active.pop(site)
+    if len(found.active) < min_sites:
+        raise JobFailed(
+            f"Only {len(found.active)} sites could take part, and the job needs {min_sites}. "
+            + " ".join(f"{s} could not take part: {e}" for s, e in sorted(faulty.items()))
+        )
+    return faulty
 
 
 def _start(grid: Grid, cfg: RunConfig, reporter: Reporter, found: _Discovered) -> _Run:
-    """Step 2: federated standardisation (``task.combine_sums`` of the ready sites' statistics),
-    the global class list, the initial model and the bounds on replies. Raises ``JobFailed`` for
-    fewer than 2 classes."""
-    active, site_reply = found.active, found.site_reply
-    mean, std = combine_sums(
-        [
-            (stats.num_examples, np.asarray(stats.mean), np.asarray(stats.m2))
-            for _, stats in (site_reply[s] for s in active)
-        ]
-    )
-    classes = sort_classes({c for s in active for c in site_reply[s][0].labels})
-    if len(classes) < 2:
-        raise JobFailed(f"the target has {len(classes)} class(es) across all sites; need 2 or more")
-    arrays = ArrayRecord(init_params(len(mean), len(classes)))
+    """Step 2: the federated preprocessing (:func:`prepare`: fills, vocabularies,
+    standardisation, the global class list), posted with ``started``; the portal's answer's
+    limits refuse the sites whose discovery row counts are out of them (:func:`_refuse_by_limits`)
+    and bound every later reply (:func:`bounds_check`); the initial model. Raises ``JobFailed``
+    (after posting ``started``) when the data cannot be prepared or too few sites are left."""
+    active, site_reply, started = found.active, found.site_reply, found.started
+    try:
+        prepared = prepare(
+            grid, cfg.spec, active, site_reply, timeout=cfg.round_timeout, poll=cfg.poll_interval
+        )
+    except JobFailed:
+        reporter.post(started)
+        raise
+    answer = reporter.post(replace(started, preparation=prepared.preparation))
+    limits = answer.limits
+    faulty = _refuse_by_limits(found, limits, cfg.spec.min_sites)
+    fitted = prepared.fitted
+    classes = fitted.classes
+    arrays = ArrayRecord(init_params(len(fitted.mean), max(1, len(fitted.classes))))
     players = sorted(active)  # contribution players: index = position
     return _Run(
         grid=grid,
@@ -740,22 +956,20 @@ def _start(grid: Grid, cfg: RunConfig, reporter: Reporter, found: _Discovered) -
         reporter=reporter,
         active=active,
         arrays=arrays,
-        config=ConfigRecord(
-            {"feature-mean": mean.tolist(), "feature-std": std.tolist(), "classes": classes}
-        ),
-        classes=classes,
+        config=ConfigRecord({"preprocess": fitted.to_text(), "classes": fitted.classes or [""]}),
+        prepared=prepared,
         node_site={n: s for s, n in active.items()},
         players=players,
         player_of={s: i for i, s in enumerate(players)},
         initial=_arrays(arrays),
-        limits=found.limits,
-        faulty=found.faulty,
+        limits=limits,
+        faulty=faulty,
         site_node=found.site_node,
         train_check=bounds_check(
-            "train", found.limits, test_fraction=cfg.test_fraction, classes=len(classes)
+            "train", limits, test_fraction=cfg.test_fraction, classes=len(classes)
         ),
         test_check=bounds_check(
-            "test", found.limits, test_fraction=cfg.test_fraction, classes=len(classes)
+            "test", limits, test_fraction=cfg.test_fraction, classes=len(classes)
         ),
     )
 
@@ -764,9 +978,10 @@ def _train_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> dict:
     """Round step a: train at the active sites, log the round for the contribution and move the
     global model to Flower's FedAvg aggregate. Returns the aggregated train metrics. A site's
     outcome goes into ``sites_out``; with fewer than ``min_sites`` replies the round is posted
-    as partial and ``JobFailed`` raised."""
+    as partial and ``JobFailed`` raised; a reply or an aggregate with NaN or infinity raises
+    ``NonFinite`` naming the round (and the site)."""
     min_sites = run.cfg.spec.min_sites
-    train = run.send_model(MessageType.TRAIN, TrainReply, sites_out, check=run.train_check)
+    train = run.send_model(MessageType.TRAIN, TrainReply, sites_out, rnd, check=run.train_check)
     for node, (_, m) in train.items():
         sites_out[run.node_site[node]].update(
             ok=True,
@@ -778,13 +993,7 @@ def _train_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> dict:
             bytes_sent=m.bytes_sent,
         )
     if len(train) < min_sites:
-        run.reporter.post(
-            Round(
-                round=rnd,
-                sites={s: _site_round(e) for s, e in sites_out.items()},
-                partial=True,
-            )
-        )
+        run.post_partial(rnd, sites_out)
         raise JobFailed(
             f"round {rnd}: {len(train)} of {len(run.active)} sites replied (need {min_sites})"
         )
@@ -796,31 +1005,49 @@ def _train_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> dict:
             examples={player[n]: m.num_examples for n, (_, m) in train.items()},
         )
     )
-    run.arrays, train_agg = run.strategy.aggregate_train(rnd, [r for r, _ in train.values()])
+    arrays, train_agg = run.strategy.aggregate_train(rnd, [r for r, _ in train.values()])
+    if not all(np.isfinite(a).all() for a in _arrays(arrays)):
+        run.post_partial(rnd, sites_out)
+        raise NonFinite(f"round {rnd}: the aggregated model is not finite (NaN or infinity)")
+    run.arrays = arrays
     return train_agg or {}
 
 
 def _evaluate_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> None:
     """Round step b: federated evaluation of the new global model at the active sites; each
     site's figures (and metering, added to its training's) go into ``sites_out`` and
-    ``run.last_eval``, Flower's aggregate into ``run.aggregate_eval``."""
+    ``run.last_eval``, Flower's aggregate into ``run.aggregate_eval``. After the last round each
+    site's final aggregates (``contract.EvalReport``) go into ``run.reports`` and its metrics
+    into ``run.last_eval``. Replies out of the portal's bounds are refused (``run.test_check``)."""
+    final = rnd == run.cfg.num_rounds
     evaluation = run.send_model(
-        MessageType.EVALUATE, EvaluateReply, sites_out, check=run.test_check
+        MessageType.EVALUATE, EvaluateReply, sites_out, rnd, check=run.test_check
     )
-    for node, (_, m) in evaluation.items():
+    for node, (reply, m) in evaluation.items():
         site = run.node_site[node]
         entry = sites_out[site]
+        accuracy = m.eval_accuracy if run.task == "classification" else None
         entry.update(
             eval_examples=m.num_examples,
             eval_loss=m.eval_loss,
-            eval_accuracy=m.eval_accuracy,
+            eval_accuracy=accuracy,
             cpu_seconds=entry.get("cpu_seconds", 0.0) + m.cpu_seconds,
             wall_seconds=entry.get("wall_seconds", 0.0) + m.wall_seconds,
             bytes_received=entry.get("bytes_received", 0) + m.bytes_received,
             bytes_sent=entry.get("bytes_sent", 0) + m.bytes_sent,
         )
+        site_scores = None
+        if final:
+            try:
+                run.reports[site] = EvalReport.from_record(reply.content["report"])
+                site_scores = site_metrics(run.task, run.reports[site])
+            except (ContractError, KeyError) as exc:
+                entry.update(ok=False, error=sanitise(f"malformed evaluation report: {exc}"))
         run.last_eval[site] = SiteEvaluation(
-            eval_examples=m.num_examples, eval_loss=m.eval_loss, eval_accuracy=m.eval_accuracy
+            eval_examples=m.num_examples,
+            eval_loss=m.eval_loss,
+            eval_accuracy=accuracy,
+            metrics=site_scores,
         )
     _refuse_unfit_entries(sites_out)
     ok_sites = {s for s, e in sites_out.items() if e.get("ok") is True}
@@ -832,7 +1059,9 @@ def _evaluate_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> None:
     )
     run.aggregate_eval = {
         "eval_loss": finite_or_none(eval_agg.get("eval-loss")),
-        "eval_accuracy": finite_or_none(eval_agg.get("eval-accuracy")),
+        "eval_accuracy": (
+            finite_or_none(eval_agg.get("eval-accuracy")) if run.task == "classification" else None
+        ),
         "eval_examples": sum(int(sites_out[s].get("eval_examples", 0)) for s in ok_sites),
     }
 
@@ -859,6 +1088,7 @@ def _round(run: _Run, rnd: int) -> None:
     """One FedAvg round: train, evaluate, post the ``round`` event (step c), drop sites."""
     t0 = time.monotonic()
     run.config["server-round"] = rnd
+    run.config["final"] = rnd == run.cfg.num_rounds
     sites_out: dict[str, dict] = {s: {"node_id": str(n)} for s, n in run.active.items()}
     if rnd == 1:  # sites refused after discovery are reported with the first round
         for site, error in run.faulty.items():
@@ -881,16 +1111,31 @@ def _round(run: _Run, rnd: int) -> None:
 
 
 def _finish(run: _Run) -> None:
-    """Step 4: post ``finished`` with the final model. Raises ``JobFailed`` when the final
+    """Step 4: post ``finished`` with the final model, the pooled metrics and the baseline
+    (``frp_flwr.metrics``) and the fitted preprocessing. Raises ``JobFailed`` when the final
     federated loss is not finite (the model diverged)."""
     if run.aggregate_eval.get("eval_loss") is None:
         raise JobFailed("the final model's federated loss is not a finite number (it diverged)")
+    pooled = baseline_ = None
+    if run.reports:
+        reports = list(run.reports.values())
+        pooled = pooled_metrics(run.task, reports)
+        baseline_ = baseline(
+            run.task,
+            reports,
+            pooled,
+            classes=run.classes,
+            train_labels=run.prepared.train_labels,
+        )
     run.reporter.post(
         Finished(
             rounds=run.cfg.num_rounds,
             sites=run.last_eval,
             classes=run.classes,
             model=[a.tolist() for a in run.arrays.to_numpy_ndarrays()],
+            metrics=pooled,
+            baseline=baseline_,
+            preprocessing=json.loads(run.prepared.fitted.to_text()),
             **run.aggregate_eval,
         )
     )
@@ -910,6 +1155,7 @@ def _report_contribution(run: _Run) -> None:
             timeout=run.cfg.round_timeout,
             poll=run.cfg.poll_interval,
             check=run.test_check,
+            task=run.task,
         )
     except Exception as exc:  # contribution is an add-on: the trained model stands regardless
         log.warning("contribution evaluation failed: %s", exc)
@@ -918,12 +1164,12 @@ def _report_contribution(run: _Run) -> None:
 
 
 def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
-    """Discovery, FedAvg rounds and reporting for one job (see the module docstring).
+    """Discovery, preparation, FedAvg rounds and reporting for one job (module docstring).
 
-    Steps: :func:`_discover_sites` (``started``), :func:`_start` (standardisation, classes,
-    initial model), ``num_rounds`` × :func:`_round` (train, evaluate, ``round``, drop sites),
-    :func:`_finish` (``finished``) and, unless ``cfg.contribution`` is off,
-    :func:`_report_contribution`. Raises ``JobFailed`` with the reason the run cannot go on.
+    Steps: :func:`_discover_sites`, :func:`_start` (the federated preprocessing, posted with
+    ``started``; classes; initial model), ``num_rounds`` × :func:`_round` (train, evaluate,
+    ``round``, drop sites), :func:`_finish` (``finished``) and, unless ``cfg.contribution`` is
+    off, :func:`_report_contribution`. Raises ``JobFailed`` with the reason the run cannot go on.
     """
     run = _start(grid, cfg, reporter, _discover_sites(grid, cfg, reporter))
     for rnd in range(1, cfg.num_rounds + 1):

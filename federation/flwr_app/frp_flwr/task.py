@@ -13,39 +13,29 @@ every Flower message starts a new ClientApp process.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 # The job specification is part of the portal contract; re-exported for the app's modules.
 from frp_flwr.contract import JobSpec, SitePointer  # noqa: F401
+from frp_flwr.preprocess import label_key, stratified_split  # noqa: F401
 
 # ---------------------------------------------------------------------------------------------
 # Site-side data
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass
-class SiteData:
-    """A site's decrypted split, in memory only. ``X``: (n, d) float64; ``y_raw``: (n,) labels."""
-
-    X_train: np.ndarray
-    y_train_raw: np.ndarray
-    X_test: np.ndarray
-    y_test_raw: np.ndarray
-    features: list[str]
-
-
-def load_site_data(
-    node_config: dict, spec: JobSpec, *, test_fraction: float, seed: int
-) -> SiteData:
-    """Open this node's own dataset through its sandbox and split off its held-out part.
+def load_site_frame(node_config: dict, spec: JobSpec, *, test_fraction: float, seed: int):
+    """Open this node's own dataset through its sandbox; return its ``preprocess.SiteFrame``.
 
     ``node_config`` carries ``site``, ``store`` (store URL) and ``keyring`` (directory path), set by
-    the site's operator on ``flower-supernode --node-config``. Raises ``SiteDataError`` when this site
-    is not part of the job or its data cannot be opened (message without file paths).
+    the site's operator on ``flower-supernode --node-config``. ``spec.features`` empty means every
+    numeric column except the target. Raises ``SiteDataError`` when this site is not part of the
+    job or its data cannot be opened or prepared (message without file paths or values).
     """
+    from frp_flwr.preprocess import PreprocessError, site_frame
     from sandbox import loader
     from sandbox.keyring import SiteKeyring
     from sandbox.storage import store_from_url
@@ -66,20 +56,22 @@ def load_site_data(
             version=pointer.version,
             columns=loader.training_columns(spec.target, spec.features),
         )
-        features = spec.features or [
-            c for c in table.columns if c != spec.target and table.data[c].dtype.kind in "fiu"
-        ]
+        features = spec.features or [c for c in table.numeric_columns() if c != spec.target]
         missing = [c for c in [spec.target, *features] if c not in table.data]
         if missing:
             raise SiteDataError(f"site {site!r}: dataset has no column(s) {missing}")
-        X = np.column_stack([table.data[c].astype(np.float64, copy=False) for c in features])
-        y = np.asarray(table.data[spec.target])
+        return site_frame(
+            table.data,
+            replace(spec, features=features),
+            test_fraction=test_fraction,
+            seed=seed,
+        )
     except SiteDataError:
         raise
+    except PreprocessError as exc:
+        raise SiteDataError(f"site {site!r}: {sanitise(str(exc))}") from None
     except Exception as exc:  # every sandbox error crosses the site boundary sanitised
         raise SiteDataError(f"site {site!r}: {type(exc).__name__}: {sanitise(str(exc))}") from None
-    train_idx, test_idx = stratified_split(y, test_fraction=test_fraction, seed=seed)
-    return SiteData(X[train_idx], y[train_idx], X[test_idx], y[test_idx], features)
 
 
 class SiteDataError(Exception):
@@ -120,40 +112,16 @@ def sanitise(text: str, limit: int = 300) -> str:
     return _PATH_RE.sub("<path>", text)[:limit]
 
 
-def stratified_split(
-    y: np.ndarray, *, test_fraction: float, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Deterministic stratified split: per class, a seeded permutation, ``test_fraction`` held out.
-
-    Returns ``(train_idx, test_idx)``, disjoint int arrays covering ``range(len(y))``.
-    """
-    rng = np.random.default_rng(seed)
-    train, test = [], []
-    for label in sorted(set(y.tolist()), key=str):
-        idx = np.flatnonzero(y == label)
-        idx = idx[rng.permutation(len(idx))]
-        n_test = int(round(len(idx) * test_fraction))
-        test.append(idx[:n_test])
-        train.append(idx[n_test:])
-    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
-
-
 def label_keys(y_raw: np.ndarray) -> list[str]:
     """The distinct labels of a site as strings (sorted), for the server's global class list."""
-    return sorted({_label_key(v) for v in y_raw.tolist()})
-
-
-def _label_key(value) -> str:
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
+    return sorted({label_key(v) for v in y_raw.tolist()})
 
 
 def encode_labels(y_raw: np.ndarray, classes: list[str]) -> np.ndarray:
     """Map raw labels to indices of the job's global ``classes`` (strings). Unknown → ValueError."""
     index = {c: i for i, c in enumerate(classes)}
     try:
-        return np.array([index[_label_key(v)] for v in y_raw.tolist()], dtype=np.int64)
+        return np.array([index[label_key(v)] for v in y_raw.tolist()], dtype=np.int64)
     except KeyError as exc:
         raise SiteDataError(f"label {exc.args[0]!r} is not among the job's classes") from None
 
@@ -211,9 +179,10 @@ def combine_sums(parts: list[tuple[int, np.ndarray, np.ndarray]]) -> tuple[np.nd
 # ---------------------------------------------------------------------------------------------
 
 
-def init_params(num_features: int, num_classes: int) -> list[np.ndarray]:
-    """Zero weights ``[W (d, C), b (C,)]`` — the convex problem needs no random start."""
-    return [np.zeros((num_features, num_classes)), np.zeros(num_classes)]
+def init_params(num_features: int, num_outputs: int) -> list[np.ndarray]:
+    """Zero weights ``[W (d, K), b (K,)]`` — both convex problems need no random start. ``K`` is
+    the number of classes (softmax regression) or 1 (linear regression)."""
+    return [np.zeros((num_features, num_outputs)), np.zeros(num_outputs)]
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:
@@ -222,14 +191,28 @@ def _softmax(z: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=1, keepdims=True)
 
 
+def predict_proba(params: list[np.ndarray], X: np.ndarray) -> np.ndarray:
+    """Class probabilities ``(n, C)`` of softmax regression on standardised ``X``."""
+    W, b = params
+    return _softmax(X @ W + b)
+
+
+def predict(params: list[np.ndarray], X: np.ndarray) -> np.ndarray:
+    """Linear regression's predictions ``(n,)`` (standardised target units)."""
+    W, b = params
+    return (X @ W + b)[:, 0]
+
+
 def loss_and_accuracy(
-    params: list[np.ndarray], X: np.ndarray, y: np.ndarray
+    params: list[np.ndarray], X: np.ndarray, y: np.ndarray, *, task: str = "classification"
 ) -> tuple[float, float]:
-    """Mean cross-entropy (nats) and accuracy (0..1) of ``params`` on standardised ``X``."""
+    """Classification: mean cross-entropy (nats) and accuracy (0..1) on standardised ``X``.
+    Regression: mean squared error (standardised target units) and 0.0."""
     if len(y) == 0:
         return 0.0, 0.0
-    W, b = params
-    p = _softmax(X @ W + b)
+    if task == "regression":
+        return float(np.square(predict(params, X) - y).mean()), 0.0
+    p = predict_proba(params, X)
     loss = float(-np.log(np.clip(p[np.arange(len(y)), y], 1e-12, None)).mean())
     acc = float((p.argmax(axis=1) == y).mean())
     return loss, acc
@@ -245,21 +228,25 @@ def train_sgd(
     batch_size: int,
     seed: int,
     l2: float = 1e-4,
+    task: str = "classification",
 ) -> tuple[list[np.ndarray], float]:
-    """Mini-batch SGD on cross-entropy + ``l2``·‖W‖²/2. Returns new params and the mean train loss."""
+    """Mini-batch SGD on cross-entropy (classification) or half the squared error (regression),
+    plus ``l2``·‖W‖²/2. Returns new params and the loss afterwards (``loss_and_accuracy``)."""
     W, b = (p.copy() for p in params)
     n = len(y)
     rng = np.random.default_rng(seed)
-    onehot = np.eye(W.shape[1])[y]
-    for _ in range(epochs):
-        order = rng.permutation(n)
-        for start in range(0, n, batch_size):
-            idx = order[start : start + batch_size]
-            p = _softmax(X[idx] @ W + b)
-            grad = (p - onehot[idx]) / len(idx)
-            W -= learning_rate * (X[idx].T @ grad + l2 * W)
-            b -= learning_rate * grad.sum(axis=0)
-    loss, _ = loss_and_accuracy([W, b], X, y)
+    target = y[:, None] if task == "regression" else np.eye(W.shape[1])[y]
+    with np.errstate(over="ignore", invalid="ignore"):  # divergence shows as a non-finite loss
+        for _ in range(epochs):
+            order = rng.permutation(n)
+            for start in range(0, n, batch_size):
+                idx = order[start : start + batch_size]
+                z = X[idx] @ W + b
+                out = z if task == "regression" else _softmax(z)
+                grad = (out - target[idx]) / len(idx)
+                W -= learning_rate * (X[idx].T @ grad + l2 * W)
+                b -= learning_rate * grad.sum(axis=0)
+        loss, _ = loss_and_accuracy([W, b], X, y, task=task)
     return [W, b], loss
 
 

@@ -1,13 +1,31 @@
 // Job page: draw loss and accuracy per round; redraw when the HTMX progress panel reports more rounds.
+// The final metric per site and pooled, beside the baseline, as bars (#results-chart, in the panel).
 (function () {
   let chart = null;
   let shown = -1;
+  let bars = null;
   const canvas = () => document.getElementById("curve");
+
+  function drawResults(r) {
+    const el = document.getElementById("results-chart");
+    if (!el || !r || bars?.canvas === el) return;
+    if (bars) bars.destroy();
+    const regression = r.metric === "rmse";
+    const datasets = [{ type: "bar", label: regression ? "RMSE" : "Accuracy", data: r.values, backgroundColor: "#0d6efd" }];
+    if (r.baseline !== null && r.baseline !== undefined) {
+      datasets.push({ type: "line", label: "Baseline", data: r.labels.map(() => r.baseline), borderColor: "#dc3545", borderDash: [6, 4], pointRadius: 0, fill: false });
+    }
+    bars = new Chart(el, {
+      data: { labels: r.labels, datasets },
+      options: { animation: false, scales: { y: regression ? { beginAtZero: true } : { min: 0, max: 1 } } },
+    });
+  }
 
   async function draw() {
     const el = canvas();
     if (!el || typeof Chart === "undefined") return;
     const data = await (await fetch(el.dataset.src, { credentials: "same-origin" })).json();
+    drawResults(data.results);
     const c = data.chart;
     shown = c.round.length;
     const datasets = [
@@ -39,6 +57,7 @@
   document.addEventListener("DOMContentLoaded", draw);
   document.body.addEventListener("htmx:afterSwap", (e) => {
     const panel = document.getElementById("progress");
-    if (panel && Number(panel.dataset.rounds) !== shown) draw();
+    const results = document.getElementById("results-chart");
+    if (panel && (Number(panel.dataset.rounds) !== shown || (results && bars?.canvas !== results))) draw();
   });
 })();

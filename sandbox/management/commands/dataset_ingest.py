@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from sandbox import services
-from sandbox.csvformat import DELIMITER_NAMES, TYPES
+from sandbox.csvformat import DELIMITER_NAMES, TYPES, missing_markers
 from sandbox.forms import parse_types
 from sandbox.keyring import SiteKeyring
 from sandbox.storage import StorageError, store_from_url
@@ -51,8 +51,13 @@ class Command(BaseCommand):
             action="append",
             default=None,
             metavar="MARKER",
-            help='A cell value read as missing; repeat for several (--missing "" --missing NA). '
-            'Default: only empty cells ("").',
+            help="A cell value read as missing, in addition to empty cells; repeat for several "
+            "(--missing NA --missing -999).",
+        )
+        parser.add_argument(
+            "--no-default-missing",
+            action="store_true",
+            help='Do not read empty cells ("") as missing: only the --missing markers are.',
         )
         parser.add_argument(
             "--type",
@@ -109,7 +114,9 @@ class Command(BaseCommand):
                 keyring=SiteKeyring(opts["keyring"]) if opts["keyring"] else None,
                 encoding=opts["encoding"],
                 delimiter=DELIMITERS[opts["delimiter"]] if opts["delimiter"] else None,
-                missing_values=opts["missing"] if opts["missing"] is not None else ("",),
+                missing_values=missing_markers(
+                    opts["missing"] or (), defaults=not opts["no_default_missing"]
+                ),
                 schema_override=overrides or None,
             )
         except services.IngestError as exc:
@@ -122,3 +129,5 @@ class Command(BaseCommand):
             f"{dv.delimiter_name} ({dv.delimiter_source}), missing {dv.missing_values}; "
             f"{dv.size_bytes} bytes encrypted at {dv.store_key}."
         )
+        for warning in getattr(dv, "ingest_warnings", ()):
+            self.stderr.write(f"Warning: {warning}")

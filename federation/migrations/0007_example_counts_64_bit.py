@@ -9,7 +9,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("federation", "0005_pool_resources_and_scheduling")]
+    dependencies = [("federation", "0006_job_task_preprocessing")]
 
     operations = [
         migrations.AlterField(
