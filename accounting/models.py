@@ -91,7 +91,7 @@ class ContributionMethod(models.TextChoices):
 class ContributionScore(models.Model):
     """One site's contribution to one job by one method; ``round`` 0 is the whole run.
 
-    ``raw_value``: the method's value in utility units (example-weighted accuracy);
+    ``raw_value``: the method's value in utility units (median held-out accuracy, ADR 0024);
     ``share``: the normalised value (non-negative, shares of a job and method sum to 1);
     ``evaluations``: coalition utilities the method evaluated.
     """

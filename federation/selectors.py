@@ -118,23 +118,27 @@ def job_progress(*, job: FederatedJob, user=None) -> dict:
     "chart": {"round": [int], "eval_accuracy": [float|None], "eval_loss": [...], "train_loss": [...]},
     "percent": int 0..100, "lost": [{"site": slug, "round": int, "error": text}],
     "final_metrics": dict}``. A site is *lost* in the first round it did not reply in (its
-    SuperNode went offline, its ClientApp failed, or it was dropped); each site row also gets
-    ``lost_round`` (``None`` when not lost). Each site carries ``train_rows``/``test_rows``
-    (its latest round's) and ``final_metrics`` the job's (without the model), with row counts
-    exact only for ``user``'s own sites as a data steward, else under the disclosure rule
-    (:func:`shown_count`): the examples a site trains and evaluates on are its dataset's rows.
+    SuperNode went offline, its ClientApp failed, it was dropped or its figures were refused);
+    each site row also gets ``lost_round`` (``None`` when not lost). Each site carries
+    ``train_rows``/``test_rows`` (its latest round's) and ``final_metrics`` the job's (without the
+    model), with row counts exact only for ``user``'s own sites as a data steward, else under the
+    disclosure rule (:func:`shown_count`): the examples a site trains and evaluates on are its
+    dataset's rows.
     """
     rounds = list(RoundMetric.objects.filter(job=job).order_by("round"))
     sites = list(job.sites.select_related("site__institution", "dataset_version__dataset"))
     site_rounds: dict[int, list[SiteRoundMetric]] = {s.pk: [] for s in sites}
     for m in SiteRoundMetric.objects.filter(job_site__job=job).order_by("round"):
         site_rounds[m.job_site_id].append(m)
-    lost = []
     stewarded = stewarded_institution_ids(user=user) if user is not None else set()
     exact = {s.site.slug: s.site.institution_id in stewarded for s in sites}
+    lost = []
     for s in sites:
         s.round_rows = site_rounds[s.pk]
         s.last_round = site_rounds[s.pk][-1] if site_rounds[s.pk] else None
+        last = s.last_round
+        s.train_rows = shown_count(last.train_examples if last else None, exact=exact[s.site.slug])
+        s.test_rows = shown_count(last.eval_examples if last else None, exact=exact[s.site.slug])
         failed = next((m for m in s.round_rows if not m.ok), None)
         s.lost_round = failed.round if failed else None
         if failed:

@@ -475,14 +475,58 @@ def _record_started(job: FederatedJob, sites: dict[str, JobSite], event: contrac
         job.save(update_fields=["preparation"])
 
 
+def site_limits(js: JobSite) -> contract.SiteLimits:
+    """What the portal knows of a job's site that the site cannot change: the rows of the
+    dataset version registered at ingest and the cores its ClientApp is allocated."""
+    return contract.SiteLimits(
+        rows=js.dataset_version.row_count, cores=settings.FRP_CLIENTAPP_CORES
+    )
+
+
+def _round_problem(job: FederatedJob, js: JobSite, info: contract.SiteRound, round_wall) -> str:
+    """Why a site's part of a round cannot be true ("" when it can), from what the portal knows:
+    its examples against the dataset version's rows and the job's split (``test_fraction``), its
+    seconds against the round's wall time as the ServerApp measured it (or, for a partial round,
+    the time since the job started; not checked when the portal never started it) and its
+    allocated cores."""
+    limits = site_limits(js)
+    fraction = contract.RunConfig.test_fraction
+    if info.train_examples + info.eval_examples > limits.rows:
+        return (
+            f"reported {info.train_examples} train + {info.eval_examples} test examples; the "
+            f"dataset version registered for this site has {limits.rows} rows"
+        )
+    if info.eval_examples:
+        lo, hi = contract.held_out_bounds(limits.rows, test_fraction=fraction, classes=limits.rows)
+        if not lo <= info.eval_examples <= hi:
+            return f"reported {info.eval_examples} test examples of {limits.rows} rows"
+    if round_wall is None:  # a partial round: the time since the job started bounds it
+        if job.started_at is None:
+            return ""  # never launched by the portal: no clock of its own to compare with
+        round_wall = max((timezone.now() - job.started_at).total_seconds(), 0.0)
+    return contract.metering_problem(info.cpu_seconds, info.wall_seconds, round_wall, limits)
+
+
 def _record_round(job: FederatedJob, sites: dict[str, JobSite], event: contract.Round):
     """One round: each site's ``SiteRoundMetric`` (metrics and metering; a site that did not
-    reply ok is dropped with its error) and, unless ``partial``, the round's aggregate."""
+    reply ok is dropped with its error) and, unless ``partial``, the round's aggregate.
+
+    A site whose figures cannot be true (:func:`_round_problem`) is refused: its row keeps the
+    reason and no figures, and the site is marked failed (the ServerApp drops it). Usage and
+    contribution are computed from the stored rows only, so they use bounded values."""
     _results_final(job, f"round {event.round}")
     if event.round > job.num_rounds:
         raise JobError(f"round {event.round} is beyond the job's {job.num_rounds} rounds")
     _unknown_sites(event.sites, sites, f"round {event.round}")
+    parts, refused = dict(event.sites), set()
     for slug, info in event.sites.items():
+        problem = _round_problem(job, sites[slug], info, event.wall_seconds)
+        if problem:
+            refused.add(slug)
+            parts[slug] = contract.SiteRound(
+                node_id=info.node_id, ok=False, error=f"faulty replies, refused: {problem}"
+            )
+    for slug, info in parts.items():
         js = sites[slug]
         SiteRoundMetric.objects.update_or_create(
             job_site=js,
@@ -502,7 +546,10 @@ def _record_round(job: FederatedJob, sites: dict[str, JobSite], event: contract.
             },
         )
         js.rounds_completed = js.round_metrics.filter(ok=True).count()
-        if not info.ok:
+        if slug in refused:
+            js.status = JobSiteStatus.FAILED
+            js.last_error = info.error[:2000]
+        elif not info.ok:
             js.status = JobSiteStatus.DROPPED
             js.last_error = info.error[:2000]
         js.save(update_fields=["rounds_completed", "status", "last_error"])
@@ -514,8 +561,8 @@ def _record_round(job: FederatedJob, sites: dict[str, JobSite], event: contract.
                 "train_loss": event.train_loss,
                 "eval_loss": event.eval_loss,
                 "eval_accuracy": event.eval_accuracy,
-                "num_examples": event.train_examples,
-                "sites_replied": sum(1 for i in event.sites.values() if i.ok),
+                "num_examples": sum(i.train_examples for i in parts.values() if i.ok),
+                "sites_replied": sum(1 for i in parts.values() if i.ok),
                 "wall_seconds": event.wall_seconds,
             },
         )
@@ -565,6 +612,21 @@ def _record_contribution(
         stored = event.to_json()
         del stored["error"]
         stored["errors"] = {k: v[:500] for k, v in event.errors.items()}
+        # A site's metering of the evaluation is bounded like its rounds' (ADR 0024): held-out
+        # rows within its dataset version's rows, seconds within the evaluation's wall time.
+        for slug, metering in event.sites.items():
+            limits = site_limits(sites[slug])
+            problem = (
+                f"reported {metering.examples} held-out examples of {limits.rows} rows"
+                if metering.examples > limits.rows
+                else contract.metering_problem(
+                    metering.cpu_seconds, metering.wall_seconds, event.wall_seconds or 0.0, limits
+                )
+            )
+            if problem:
+                stored["sites"].pop(slug, None)
+                stored["examples"].pop(slug, None)
+                stored["errors"][slug] = f"faulty metering, refused: {problem}"[:500]
     job.final_metrics = {**job.final_metrics, "contribution": stored}
     job.save(update_fields=["final_metrics"])
 
@@ -604,8 +666,9 @@ def job_callback_record(*, job_id: int, seq: int, event: contract.Event) -> cont
     signature's timestamp window — is refused. Final results are written once: after
     ``finished``, no round or second ``finished`` may change them; the contribution is written once.
 
-    Returns the answer for the ServerApp: ``drop_sites`` — sites whose grant is no longer valid, to
-    be dropped from the next round. Raises ``JobError`` (nothing written) for a job that is not
+    Returns the answer for the ServerApp: ``drop_sites`` — sites whose grant is no longer valid
+    or whose figures were refused, to be dropped from the next round; ``limits`` — each site's
+    :func:`site_limits`. Raises ``JobError`` (nothing written) for a job that is not
     running, a replayed ``seq``, an event that would replace final results or that names sites
     outside the job.
     """
@@ -622,11 +685,19 @@ def job_callback_record(*, job_id: int, seq: int, event: contract.Event) -> cont
     _RECORDERS[type(event)](job, sites, event)
     job.callback_seq = seq
     job.save(update_fields=["callback_seq"])
+    # What the portal knows of each site bounds what the site may report (ADR 0024). Only the
+    # ServerApp reads this answer: no site learns another's exact row count.
+    limits = {slug: site_limits(js) for slug, js in sites.items()}
 
     drop = _revoked_sites(job, sites)
     if isinstance(event, contract.Round):  # the ServerApp drops these before its next round
         _mark_dropped(sites, drop, after_round=event.round)
-    return contract.CallbackAnswer(drop_sites=drop)
+        drop += [  # sites whose figures this round were refused (``_round_problem``)
+            slug
+            for slug, js in sites.items()
+            if slug not in drop and js.status == JobSiteStatus.FAILED and slug in event.sites
+        ]
+    return contract.CallbackAnswer(drop_sites=drop, limits=limits)
 
 
 def _revoked_sites(job: FederatedJob, sites: dict[str, JobSite]) -> list[str]:

@@ -331,6 +331,9 @@ FRP_SUPERLINK_LOST_SECONDS = env.float("FRP_SUPERLINK_LOST_SECONDS", default=120
 # A job LAUNCHING this long (seconds) with no run on the SuperLink carrying its launch nonce is
 # queued again (the worker died before it started the run).
 FRP_STALE_LAUNCH_SECONDS = env.float("FRP_STALE_LAUNCH_SECONDS", default=180.0)
+# Cores a site's ClientApp is allocated (the usage record's reserved cores): a site's reported CPU
+# seconds above cores × the time the ServerApp measured are refused as impossible (ADR 0024).
+FRP_CLIENTAPP_CORES = env.int("FRP_CLIENTAPP_CORES", default=1)
 # Optional: a folder where each job's ServerApp appends every reply it receives (an audit of exactly
 # what left the sites). Empty: off.
 FRP_REPLY_LOG_DIR = env.str("FRP_REPLY_LOG_DIR", default="")

@@ -10,7 +10,7 @@ import pytest
 
 pytest_plugins = ["tests.idp.fixtures"]  # the real OIDC and SAML IdPs
 
-#: The PostgreSQL triggers that refuse TRUNCATE on the ledger (portal migration 0006).
+#: The PostgreSQL triggers that refuse TRUNCATE on the ledger (portal migration 0007).
 _NO_TRUNCATE = ("portal_ledgerentry", "portal_ledgercheckpoint")
 
 

@@ -98,7 +98,7 @@ def contribution_score_job(*, job: FederatedJob) -> list[ContributionScore]:
     """Score every site's contribution to ``job`` from the utilities its ServerApp posted.
 
     Methods (``ContributionMethod``), each stored per site with ``raw_value`` in utility units
-    (example-weighted held-out accuracy, 0..1) and ``share`` = :func:`normalise` of the raws:
+    (median over the sites of held-out accuracy, 0..1) and ``share`` = :func:`normalise` of the raws:
 
     * ``exact`` — Shapley (1953) by enumeration over all ``2^n`` coalitions,
       ``n <= EXACT_MAX_SITES`` (8); round 0 is the whole run (raws sum to v(N) − v(∅),

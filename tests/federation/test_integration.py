@@ -19,6 +19,7 @@ from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 
+import numpy as np
 import pytest
 from django.apps import apps
 from django.core import serializers
@@ -215,8 +216,11 @@ def test_contribution_scores_from_the_real_run(outcome):
     ]
     run = contribution["utilities"]["0"]
     assert set(run) == {"", "0", "1", "0,1"}
-    # The full coalition's rebuilt model is the real final model: same federated accuracy.
-    assert run["0,1"] == pytest.approx(job.final_metrics["eval_accuracy"], abs=1e-9)
+    # The full coalition's rebuilt model is the real final model: its utility is the median over
+    # the sites (ADR 0024) of the accuracy each site measured for the final model.
+    per_site = [js.final_metrics["eval_accuracy"] for js in outcome.sites]
+    assert len(per_site) == 2
+    assert run["0,1"] == pytest.approx(float(np.median(per_site)), abs=1e-9)
     assert contribution["utilities"]["2"]["0,1"] == pytest.approx(run["0,1"], abs=1e-9)
     exact = [s for s in outcome.scores if s.method == "exact" and s.round == 0]
     assert len(exact) == 2

@@ -23,6 +23,7 @@ from federation.models import (
     ComputePool,
     FederatedJob,
     JobSite,
+    JobSiteStatus,
     JobStatus,
     RoundMetric,
     SiteRoundMetric,
@@ -624,12 +625,79 @@ def test_callback_valid_signature_records_round_without_login_or_csrf(anon, runn
     response = _post(anon, running_job, body, headers)
 
     assert response.status_code == 200
-    assert response.json() == {"ok": True, "drop_sites": [], "error": ""}
+    limits = {  # what the portal knows of each site: its rows at ingest, allocated cores
+        js.site.slug: {"rows": js.dataset_version.row_count, "cores": 1}
+        for js in running_job.sites.select_related("site", "dataset_version")
+    }
+    assert response.json() == {"ok": True, "drop_sites": [], "error": "", "limits": limits}
     metric = RoundMetric.objects.get(job=running_job)
     assert metric.round == 1
     assert (metric.train_loss, metric.eval_loss, metric.eval_accuracy) == (0.61, 0.52, 0.875)
     assert metric.num_examples == 80 and metric.sites_replied == 2
     assert metric.wall_seconds == 3.5
+
+
+def _hostile_round(job: FederatedJob, **hostile) -> bytes:
+    """Round 1 where the first site is honest and the second reports ``hostile`` figures."""
+    slugs = sorted(job.sites.values_list("site__slug", flat=True))
+    honest = {"ok": True, "train_examples": 80, "eval_examples": 20, "cpu_seconds": 1.0}
+    sites = {
+        slugs[0]: {**honest, "wall_seconds": 1.0},
+        slugs[1]: {**honest, "wall_seconds": 1.0, **hostile},
+    }
+    payload = {"event": "round", "round": 1, "train_examples": 160, "wall_seconds": 3.5}
+    return body_of({**payload, "sites": sites}, seq=1)
+
+
+@pytest.mark.parametrize(
+    ("hostile", "reason"),
+    [
+        (
+            {"train_examples": 10**15, "eval_examples": 10**15},
+            "reported 1000000000000000 train + 1000000000000000 test examples; the dataset "
+            "version registered for this site has 100 rows",
+        ),
+        ({"cpu_seconds": 4e8, "wall_seconds": 3.0}, "CPU seconds for a reply that took 3.5 s"),
+        ({"wall_seconds": 4e8}, "wall seconds for a reply that took 3.5 s"),
+    ],
+    ids=["examples", "cpu", "wall"],
+)
+def test_callback_round_with_figures_a_site_could_not_have_is_refused_for_that_site(
+    anon, running_job, hostile, reason
+):
+    """Hostile re-test, variant 1a: a site's own counts (10**15 examples for a 199-row dataset)
+    and seconds (4e8 CPU s) went into the chart, usage and the public ledger. The portal checks
+    them against what it knows (rows registered at ingest, the round's wall time measured by the
+    ServerApp, the allocated cores): the site is marked failed with the reason, its figures are
+    not stored, the others' are, and usage sums only bounded figures."""
+    from accounting.services.usage import usage_record_job
+
+    body = _hostile_round(running_job, **hostile)
+
+    response = _post(anon, running_job, body, signed(running_job, body))
+
+    assert response.status_code == 200
+    honest, bad = running_job.sites.select_related("site").order_by("site__slug")
+    assert response.json()["drop_sites"] == [bad.site.slug]
+    bad.refresh_from_db()
+    assert bad.status == JobSiteStatus.FAILED and reason in bad.last_error
+    row = SiteRoundMetric.objects.get(job_site=bad)
+    assert not row.ok and reason in row.error
+    assert (row.train_examples, row.eval_examples, row.cpu_seconds, row.wall_seconds) == (
+        0,
+        0,
+        0,
+        0,
+    )
+    assert SiteRoundMetric.objects.get(job_site=honest).train_examples == 80
+    assert RoundMetric.objects.get(job=running_job).num_examples == 80
+    now = timezone.now()
+    FederatedJob.objects.filter(pk=running_job.pk).update(
+        status=JobStatus.COMPLETED, started_at=now - timedelta(seconds=60), finished_at=now
+    )
+    usage = {u.site.slug: u for u in usage_record_job(job=running_job)}
+    assert usage[bad.site.slug].examples == 0 and usage[bad.site.slug].cpu_seconds == 0
+    assert usage[honest.site.slug].examples == 100
 
 
 def test_callback_valid_signature_for_completed_job_is_409(anon, running_job):

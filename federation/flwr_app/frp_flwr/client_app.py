@@ -161,7 +161,12 @@ def query(msg: Message, context: Context) -> Message:
     if site not in spec.sites:
         info = SiteInfo(site=site, member=False)
         return _reply(msg, info=ConfigRecord(info.as_record()))
-    _, spec, frame = _frame(context)
+    try:
+        _, spec, frame = _frame(context)
+    except SiteDataError as exc:
+        # Said in the reply, attributed to this node by the ServerApp (never by matching text).
+        info = SiteInfo(site=site, member=True, error=sanitise(str(exc)))
+        return _reply(msg, info=ConfigRecord(info.as_record()))
     summary = site_summary(frame, spec)
     info = SiteInfo(
         site=site, member=True, features=list(frame.values), labels=sorted(summary.labels)

@@ -930,6 +930,8 @@ class Contribution(Event):
 
     ``players``: site ids, index = player number; ``utilities``: round key (``"0"`` is the whole
     run) → coalition key (ascending player indexes joined by commas, ``""`` the empty one) → utility.
+    ``disagreement``: per evaluating site, the mean absolute difference between its accuracies and
+    the utilities (the sites' median, ADR 0024); a site far from the others stands out there.
     """
 
     players: list[str] = field(default_factory=list)
@@ -944,6 +946,7 @@ class Contribution(Event):
     sites: dict[str, Metering] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     wall_seconds: float | None = None
+    disagreement: dict[str, float] = field(default_factory=dict)
 
     name: ClassVar[str] = "contribution"
     _READERS: ClassVar[dict] = {
@@ -959,6 +962,9 @@ class Contribution(Event):
         "sites": lambda v, w: read_site_map(v, w, Metering.from_json),
         "errors": lambda v, w: read_site_map(v, w, _text),
         "wall_seconds": _opt_seconds,
+        "disagreement": lambda v, w: read_site_map(
+            v, w, lambda x, ww: read_float(x, ww, lo=0.0, hi=1.0)
+        ),
     }
 
     def __post_init__(self) -> None:
@@ -1033,13 +1039,37 @@ def parse_event(body: bytes) -> tuple[int, Event]:
 
 
 @dataclass(frozen=True)
+class SiteLimits(_Record):
+    """What the portal knows of a site, which the site cannot change, to bound its replies:
+    ``rows`` of the dataset version the job trains on (registered at ingest) and ``cores`` the
+    site's ClientApp is allocated. Sent to the ServerApp only (in the portal's answers), never in
+    the run config: other sites must not learn a site's exact row count."""
+
+    rows: int
+    cores: int = 1
+
+    @classmethod
+    def from_json(cls, raw: Any, where: str = "") -> SiteLimits:
+        return cls(
+            **_read_fields(
+                cls,
+                raw,
+                where,
+                {"rows": _count, "cores": lambda v, w: read_int(v, w, lo=1, hi=1_000_000)},
+            )
+        )
+
+
+@dataclass(frozen=True)
 class CallbackAnswer(_Record):
     """The portal's answer to an event: ``drop_sites`` are sites to leave out from the next round
-    (a revoked grant); ``error`` says why an event was refused."""
+    (a revoked grant, or replies out of bounds); ``limits`` bound each site's replies
+    (:class:`SiteLimits`); ``error`` says why an event was refused."""
 
     ok: bool = True
     drop_sites: list[str] = field(default_factory=list)
     error: str = ""
+    limits: dict[str, SiteLimits] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, raw: Any, where: str = "answer") -> CallbackAnswer:
@@ -1049,9 +1079,77 @@ class CallbackAnswer(_Record):
                 cls,
                 raw,
                 where,
-                {"ok": read_bool, "drop_sites": _site_list, "error": _text},
+                {
+                    "ok": read_bool,
+                    "drop_sites": _site_list,
+                    "error": _text,
+                    "limits": lambda v, w: read_site_map(v, w, SiteLimits.from_json),
+                },
             )
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounds on what a site reports about itself (hostile re-test of issue 9, finding 1a)
+# ---------------------------------------------------------------------------------------------
+
+#: Clock slack (seconds) when a site's own CPU or wall seconds are compared with time measured
+#: on the ServerApp's side (timer resolution, process start inside the message's window).
+METERING_SLACK_SECONDS = 1.0
+
+
+def held_out_bounds(rows: int, *, test_fraction: float, classes: int) -> tuple[int, int]:
+    """``(lo, hi)`` of the held-out rows of a site with ``rows`` rows (``task.stratified_split``).
+
+    The split holds out ``round(n_c · test_fraction)`` rows of each class ``c``, so the total is
+    within ``classes / 2`` of ``rows · test_fraction`` (each rounding moves it by at most 0.5).
+    ``classes`` is the number of classes the job has (at most ``rows`` of them at one site).
+    """
+    k = min(max(classes, 1), max(rows, 1))
+    expected = rows * test_fraction
+    return max(0, math.ceil(expected - k / 2)), min(rows, math.floor(expected + k / 2))
+
+
+def examples_problem(
+    kind: str, num_examples: int, limits: SiteLimits, *, test_fraction: float, classes: int
+) -> str:
+    """Why a reply's ``num_examples`` cannot be true ("" when it can).
+
+    ``kind``: ``"train"`` (the training split: ``rows`` minus the held-out rows) or ``"test"``
+    (the held-out split, scored by evaluate and coalition replies). Only the upper bound is
+    checked: the federated preprocessing leaves out rows without a target before the split and
+    may drop rows with a missing feature (``preprocess``), so a split may hold fewer rows than
+    ``rows`` implies (ADR 0024).
+    """
+    lo, hi = held_out_bounds(limits.rows, test_fraction=test_fraction, classes=classes)
+    if kind == "train":
+        hi = limits.rows - lo
+    if num_examples <= hi:
+        return ""
+    return (
+        f"reported {num_examples} {kind} examples; the dataset version registered for this site "
+        f"has {limits.rows} rows, so its {kind} split holds at most {hi}"
+    )
+
+
+def metering_problem(
+    cpu_seconds: float, wall_seconds: float, elapsed: float, limits: SiteLimits
+) -> str:
+    """Why a reply's CPU and wall seconds cannot be true ("" when they can).
+
+    ``elapsed``: seconds the ServerApp measured from sending the message to receiving the reply
+    (its own clock). A site's wall seconds fit in that window and its CPU seconds in
+    ``cores × window`` (each plus ``METERING_SLACK_SECONDS``).
+    """
+    window = max(elapsed, 0.0) + METERING_SLACK_SECONDS
+    if wall_seconds > window:
+        return f"reported {wall_seconds:.3g} wall seconds for a reply that took {elapsed:.3g} s"
+    if cpu_seconds > limits.cores * window:
+        return (
+            f"reported {cpu_seconds:.3g} CPU seconds for a reply that took {elapsed:.3g} s "
+            f"on {limits.cores} allocated core(s)"
+        )
+    return ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1110,6 +1208,7 @@ class SiteInfo(_Reply):
     member: bool
     features: list[str] = field(default_factory=list)
     labels: list[str] = field(default_factory=list)
+    error: str = ""  # a member that cannot take part says why here (path-free), not by raising
 
     @classmethod
     def from_record(cls, raw: Any, where: str = "info") -> SiteInfo:
@@ -1117,6 +1216,7 @@ class SiteInfo(_Reply):
         out = SiteInfo(
             site=read_site(record.get("site"), f"{where}.site"),
             member=read_bool(record.get("member"), f"{where}.member"),
+            error=_text(record.get("error", ""), f"{where}.error"),
             features=[
                 read_str(x, f"{where}.features[{i}]", max_len=200)
                 for i, x in enumerate(
@@ -1133,8 +1233,9 @@ class SiteInfo(_Reply):
         return out
 
     def as_record(self) -> dict:
-        """As a ConfigRecord's items; empty lists left out (Flower cannot type an empty list)."""
-        return {k: v for k, v in super().as_record().items() if v != []}
+        """As a ConfigRecord's items; empty lists and an empty error left out (Flower cannot type
+        an empty list)."""
+        return {k: v for k, v in super().as_record().items() if v != [] and v != ""}
 
 
 @dataclass(frozen=True)

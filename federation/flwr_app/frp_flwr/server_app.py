@@ -3,8 +3,12 @@
 Flow of one run (one portal job):
 
 1. **Discovery** — a ``query`` message to every connected node; each replies with its site id (from the
-   operator's ``--node-config``). The job's sites are mapped to node ids; two nodes claiming one site
-   fail the run. Participating sites also return federated standardisation statistics and labels.
+   operator's ``--node-config``). The job's sites are mapped to node ids from those structured
+   replies only (never from an error's text); a site two nodes claim is left out with a reason
+   naming both. Participating sites also return federated standardisation statistics and labels.
+   The portal's answer to ``started`` gives each site's limits (rows registered at ingest,
+   allocated cores): every reply's example count and CPU/wall seconds are checked against them
+   and the time measured here (ADR 0024); a site out of bounds is faulty and dropped.
 2. **Rounds** — FedAvg (McMahan et al. 2017, "Communication-Efficient Learning of Deep Networks from
    Decentralized Data"), using Flower's ``FedAvg`` aggregation, over the job's nodes only (other jobs'
    sites on the same SuperLink are never sampled). Each round: train, then federated evaluation on
@@ -23,7 +27,7 @@ Flow of one run (one portal job):
    each site's returned weights. After ``finished`` it rebuilds coalition models without retraining
    (``task.coalition_run_model``; per round too within a model budget), sends them all to every remaining
    site in ONE ``evaluate.coalitions`` message, and posts a ``contribution`` event with
-   utility(S) = example-weighted accuracy of S's model across sites. The portal computes the
+   utility(S) = the median over the sites of S's model's held-out accuracy (ADR 0024). The portal computes the
    Shapley values. A failure here is reported in the event and does not fail the run.
 
 Polling: ``Grid.send_and_receive`` sleeps 3 s between pulls; this app pushes and pulls itself every
@@ -37,7 +41,9 @@ import logging
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
@@ -63,13 +69,16 @@ from frp_flwr.contract import (
     RunConfig,
     SiteEvaluation,
     SiteInfo,
+    SiteLimits,
     SiteQuantiles,
     SiteRound,
     SiteSummary,
     Started,
     TrainReply,
     encode_event,
+    examples_problem,
     finite_or_none,
+    metering_problem,
 )
 from frp_flwr.metrics import baseline, pooled_metrics, site_metrics
 from frp_flwr.preprocess import (
@@ -175,6 +184,8 @@ class Exchange:
     replies: dict[int, Message] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)
     timed_out: set[int] = field(default_factory=set)
+    #: node → seconds from pushing its message to pulling its reply (the ServerApp's own clock)
+    elapsed: dict[int, float] = field(default_factory=dict)
 
 
 def _record_to_json(record) -> dict:
@@ -219,6 +230,7 @@ REPLY_LOG = ReplyLog()
 def exchange(grid: Grid, messages: list[Message], *, timeout: float, poll: float) -> Exchange:
     """Push ``messages``, pull replies every ``poll`` seconds until all arrive or ``timeout`` (s)."""
     dst = [m.metadata.dst_node_id for m in messages]
+    t0 = time.monotonic()
     ids = list(grid.push_messages(messages))
     node_of = dict(zip(ids, dst, strict=True))
     pending = set(ids)
@@ -229,6 +241,7 @@ def exchange(grid: Grid, messages: list[Message], *, timeout: float, poll: float
             mid = reply.metadata.reply_to_message_id
             pending.discard(mid)
             node = node_of[mid]
+            out.elapsed[node] = time.monotonic() - t0
             REPLY_LOG.write(node, reply)
             if reply.has_error():
                 out.errors[node] = sanitise(readable_error(reply.error.reason))
@@ -245,59 +258,105 @@ def discover(
 ) -> tuple[dict[str, int], dict[str, tuple[SiteInfo, SiteSummary]], dict[str, str]]:
     """Map the job's site ids to node ids.
 
-    Returns ``(site→node, site→(info, summary) of its discovery reply, site→error)``. A member's
-    reply that does not fit the contract is that site's error. Raises ``JobFailed`` when two
-    nodes claim one site.
+    Returns ``(site→node, site→(info, summary) of its discovery reply, site→error)``.
+
+    A site is known only from a node's own structured reply (:class:`SiteInfo`; a member that
+    cannot open its data says why in ``info.error``): an error reply (an exception on the node,
+    or the SuperLink's) is that node's alone and is never attributed to a site by its text. A
+    member's reply that does not fit the contract is that site's error. When two or more nodes
+    claim one site, the site is left out of the job with an error naming the nodes, whatever
+    order their replies came in: a site's name is its operator's own ``--node-config``, so the
+    ServerApp cannot tell which claim is true (binding node ids to sites is SuperNode
+    authentication's, issue 13). After every site is claimed, nodes that connected meanwhile are
+    asked too, so a second claim is seen.
     """
     deadline = time.monotonic() + timeout
     asked: set[int] = set()
-    site_node: dict[str, int] = {}
-    site_reply: dict[str, tuple[SiteInfo, SiteSummary]] = {}
-    site_error: dict[str, str] = {}
-    while time.monotonic() < deadline and len(site_node) < len(spec.sites):
-        new = [n for n in grid.get_node_ids() if n not in asked]
-        if not new:
-            time.sleep(poll)
-            continue
-        asked.update(new)
+    claims: dict[str, dict[int, Message]] = {}
+
+    def ask(nodes: list[int]) -> None:
+        asked.update(nodes)
         msgs = [
             Message(
                 RecordDict({"config": ConfigRecord({})}),
                 dst_node_id=n,
                 message_type=MessageType.QUERY,
             )
-            for n in new
+            for n in nodes
         ]
         result = exchange(grid, msgs, timeout=max(1.0, deadline - time.monotonic()), poll=poll)
+        for node, error in result.errors.items():
+            log.warning("node %s: discovery failed (attributed to no site): %s", node, error)
         for node, reply in result.replies.items():
             try:
                 info = SiteInfo.from_record(reply.content["info"])
             except (ContractError, KeyError) as exc:
                 log.warning("node %s: discovery reply does not fit the contract: %s", node, exc)
                 continue
-            if info.site not in spec.sites:
-                continue
-            if info.site in site_node and site_node[info.site] != node:
-                raise JobFailed(f"two nodes claim site {info.site!r}; refusing to run")
-            site_node[info.site] = node
-            try:
-                summary = SiteSummary.from_record(reply.content["summary"])
-            except (ContractError, KeyError) as exc:
-                site_error[info.site] = sanitise(f"malformed discovery reply: {exc}")
-                continue
-            site_reply[info.site] = (info, summary)
-        for node, error in result.errors.items():
-            # A member site that could not open its data names itself in the error text.
-            for site in spec.sites:
-                if f"site {site!r}" in error.lower():
-                    site_error[site] = error
-                    site_node.setdefault(site, node)
+            if info.site in spec.sites:
+                claims.setdefault(info.site, {})[node] = reply
+
+    while time.monotonic() < deadline and len(claims) < len(spec.sites):
+        new = [n for n in grid.get_node_ids() if n not in asked]
+        if not new:
+            time.sleep(poll)
+            continue
+        ask(new)
+    late = [n for n in grid.get_node_ids() if n not in asked]
+    if late:
+        ask(late)
+
+    site_node: dict[str, int] = {}
+    site_reply: dict[str, tuple[SiteInfo, SiteSummary]] = {}
+    site_error: dict[str, str] = {}
+    for site, by_node in sorted(claims.items()):
+        if len(by_node) > 1:
+            nodes = ", ".join(str(n) for n in sorted(by_node))
+            site_error[site] = (
+                f"nodes {nodes} all claim site {site!r}; a site's name is its operator's own "
+                "node config, so none can be trusted and the site is left out of this job"
+            )
+            continue
+        ((node, reply),) = by_node.items()
+        site_node[site] = node
+        info = SiteInfo.from_record(reply.content["info"])
+        if info.error:
+            site_error[site] = sanitise(info.error)
+            continue
+        try:
+            summary = SiteSummary.from_record(reply.content["summary"])
+        except (ContractError, KeyError) as exc:
+            site_error[site] = sanitise(f"malformed discovery reply: {exc}")
+            continue
+        site_reply[site] = (info, summary)
     return site_node, site_reply, site_error
 
 
 # ---------------------------------------------------------------------------------------------
 # The run
 # ---------------------------------------------------------------------------------------------
+
+
+#: ``check(site, parsed metrics, elapsed seconds) -> problem`` ("" when the reply may be true).
+ReplyCheck = Callable[[str, Any, float], str]
+
+
+def bounds_check(
+    kind: str, limits: dict[str, SiteLimits], *, test_fraction: float, classes: int
+) -> ReplyCheck:
+    """A :data:`ReplyCheck` of ``kind`` (``"train"`` or ``"test"`` examples) against the portal's
+    ``limits`` (``contract.examples_problem`` and ``contract.metering_problem``). A site without
+    limits (no portal answered) is not checked."""
+
+    def check(site: str, metrics, elapsed: float) -> str:
+        lim = limits.get(site)
+        if lim is None:
+            return ""
+        return examples_problem(
+            kind, metrics.num_examples, lim, test_fraction=test_fraction, classes=classes
+        ) or metering_problem(metrics.cpu_seconds, metrics.wall_seconds, elapsed, lim)
+
+    return check
 
 
 def fan_out(
@@ -312,14 +371,17 @@ def fan_out(
     poll: float,
     sites_out: dict[str, dict],
     reply_type: type[TrainReply] | type[EvaluateReply],
+    check: ReplyCheck | None = None,
     rnd: int = 0,
 ) -> dict[int, tuple[Message, TrainReply | EvaluateReply]]:
     """Send ``arrays`` + ``config`` to every active node; return node → (reply, parsed metrics).
 
-    Errors, silences and replies that do not fit ``reply_type`` mark the site's entry in
-    ``sites_out`` with ``ok=False`` and the reason. A reply whose loss or weights are NaN or
-    infinite raises ``NonFinite`` naming the site and round ``rnd``: training has diverged or
-    the data hold values no model can use, and averaging it would spoil every site's model.
+    Errors, silences, replies that do not fit ``reply_type`` and replies ``check`` finds out of
+    bounds (``check(site, metrics, elapsed seconds) -> problem``) mark the site's entry in
+    ``sites_out`` with ``ok=False`` and the reason; such replies are not returned. A reply whose
+    loss or weights are NaN or infinite raises ``NonFinite`` naming the site and round ``rnd``:
+    training has diverged or the data hold values no model can use, and averaging it would spoil
+    every site's model.
     """
     msgs = [
         Message(
@@ -330,10 +392,16 @@ def fan_out(
         for n in active.values()
     ]
     result = exchange(grid, msgs, timeout=timeout, poll=poll)
+
+    def fail(node: int, error: str) -> None:  # the round's first reason for a site is kept
+        entry = sites_out[node_site[node]]
+        if entry.get("ok") is not False:
+            entry.update(ok=False, error=error)
+
     for node, error in result.errors.items():
-        sites_out[node_site[node]].update(ok=False, error=error)
+        fail(node, error)
     for node in result.timed_out:
-        sites_out[node_site[node]].update(ok=False, error=f"no reply within {timeout:.0f} s")
+        fail(node, f"no reply within {timeout:.0f} s")
     parsed = {}
     for node, reply in sorted(result.replies.items()):
         what = _non_finite(reply)
@@ -348,11 +416,15 @@ def fan_out(
         try:
             if message_type == MessageType.TRAIN:
                 _check_shapes(reply.content["arrays"], arrays)
-            parsed[node] = (reply, reply_type.from_record(reply.content["metrics"], "metrics"))
+            metrics = reply_type.from_record(reply.content["metrics"], "metrics")
         except (ContractError, KeyError) as exc:
-            sites_out[node_site[node]].update(
-                ok=False, error=sanitise(f"malformed {message_type} reply: {exc}")
-            )
+            fail(node, sanitise(f"malformed {message_type} reply: {exc}"))
+            continue
+        problem = check(node_site[node], metrics, result.elapsed.get(node, 0.0)) if check else ""
+        if problem:
+            fail(node, f"faulty {message_type} reply, refused: {problem}")
+            continue
+        parsed[node] = (reply, metrics)
     return parsed
 
 
@@ -409,6 +481,7 @@ def evaluate_contribution(
     timeout: float,
     poll: float,
     seed: int = 0,
+    check: ReplyCheck | None = None,
     task: str = "classification",
 ) -> Contribution:
     """Score coalition models at every active site with one message each; return the event.
@@ -416,10 +489,15 @@ def evaluate_contribution(
     ``players``: site ids, index = player number in ``rounds``. Models: the whole run for each
     coalition of :func:`coalitions.contribution_plan` (round key ``"0"``) and, while the message stays
     within ``MAX_COALITION_MODELS`` models, the same coalitions for every round ``t`` (key
-    ``str(t)``, model ``w_{t−1} + Δ_S^t``). Utility = Σ_s n_s·acc_s(S) / Σ_s n_s over the sites
-    that replied (``n_s`` held-out examples); for regression the negative pooled RMSE,
-    −√(Σ_s n_s·MSE_s(S) / Σ_s n_s), in standardised target units. A site whose reply does not fit the contract is left
-    out (named in ``errors``). Raises ``JobFailed`` when no site replies.
+    ``str(t)``, model ``w_{t−1} + Δ_S^t``). Every coalition model is scored by every site on its
+    own held-out split: acc_s(S) for classification, −√MSE_s(S) (negative RMSE, standardised
+    target) for regression. Utility(S) = the **median over the evaluating sites** of that score
+    (ADR 0024): a site's scores of coalitions that include itself cannot be verified, and the
+    median keeps one site's (unweighted, so its example count does not matter) from moving the
+    utility beyond the other sites' range when three or more sites evaluate. ``disagreement``: per
+    site, the mean |score_s(S) − utility(S)| over all models (a site far from the others stands
+    out). A site whose reply does not fit the contract or ``check`` (bounds of its held-out rows
+    and metering) is left out (named in ``errors``). Raises ``JobFailed`` when no site replies.
     """
     t0 = time.monotonic()
     method, coalitions, permutations = contribution_plan(len(players), seed=seed)
@@ -453,7 +531,7 @@ def evaluate_contribution(
     node_site = {n: s for s, n in active.items()}
     errors = {node_site[n]: e for n, e in result.errors.items()}
     errors.update({node_site[n]: f"no reply within {timeout:.0f} s" for n in result.timed_out})
-    total = np.zeros(len(keys))
+    scores: dict[str, np.ndarray] = {}
     examples: dict[str, int] = {}
     sites: dict[str, Metering] = {}
     for node, reply in result.replies.items():
@@ -466,8 +544,14 @@ def evaluate_contribution(
         if len(m.coalition_accuracy) != len(keys):
             errors[site] = f"scored {len(m.coalition_accuracy)} of {len(keys)} coalition models"
             continue
-        scores = m.coalition_loss if task == "regression" else m.coalition_accuracy
-        total += m.num_examples * np.asarray(scores, dtype=np.float64)
+        problem = check(site, m, result.elapsed.get(node, 0.0)) if check else ""
+        if problem:
+            errors[site] = f"faulty coalition reply, refused: {problem}"
+            continue
+        if task == "regression":
+            scores[site] = -np.sqrt(np.asarray(m.coalition_loss, dtype=np.float64))
+        else:
+            scores[site] = np.asarray(m.coalition_accuracy, dtype=np.float64)
         examples[site] = m.num_examples
         sites[site] = Metering(
             examples=m.num_examples,  # held-out rows, scored once per model in one pass
@@ -476,16 +560,17 @@ def evaluate_contribution(
             bytes_received=m.bytes_received,
             bytes_sent=m.bytes_sent,
         )
-    if not examples:
-        raise JobFailed(f"no site scored the coalition models: {errors or 'timed out'}")
-    weight = sum(examples.values())
-    if weight == 0:
-        raise JobFailed("no held-out examples at any site to score coalition models")
-    pooled = total / weight
-    if task == "regression":
-        pooled = -np.sqrt(pooled)
+    scores = {s: a for s, a in scores.items() if examples[s] > 0}
+    if not scores:
+        raise JobFailed(f"no site scored the coalition models: {errors or 'no held-out examples'}")
+    table = np.stack([scores[s] for s in sorted(scores)])  # (sites, models)
+    utility = np.median(table, axis=0)
+    disagreement = {
+        site: round(float(np.mean(np.abs(table[i] - utility))), 6)
+        for i, site in enumerate(sorted(scores))
+    }
     utilities: dict[str, dict[str, float]] = {}
-    for key, value in zip(keys, pooled, strict=True):
+    for key, value in zip(keys, utility, strict=True):
         rnd, members = key.split("|")
         utilities.setdefault(rnd, {})[members] = float(value)
     return Contribution(
@@ -494,9 +579,9 @@ def evaluate_contribution(
         permutations=permutations,
         seed=seed,
         utility=(
-            "negative pooled held-out RMSE (standardised target)"
+            "median over the evaluating sites of negative held-out RMSE (standardised target)"
             if task == "regression"
-            else "example-weighted held-out accuracy"
+            else "median over the evaluating sites of held-out accuracy"
         ),
         utilities=utilities,
         examples=examples,
@@ -504,6 +589,7 @@ def evaluate_contribution(
         sites=sites,
         errors=errors,
         wall_seconds=time.monotonic() - t0,
+        disagreement=disagreement,
     )
 
 
@@ -514,6 +600,58 @@ def _site_round(entry: dict) -> SiteRound:
             for k, v in entry.items()
         }
     )
+
+
+#: Fields of a site's round entry that are its metering or figures (zeroed when it is refused).
+_FIGURES = (
+    "train_examples",
+    "eval_examples",
+    "train_loss",
+    "eval_loss",
+    "eval_accuracy",
+    "cpu_seconds",
+    "wall_seconds",
+    "bytes_received",
+    "bytes_sent",
+)
+
+
+def _refuse_unfit_entries(sites_out: dict[str, dict]) -> None:
+    """Refuse, per site, a round entry that does not fit the contract (its train and evaluate
+    metering summed: each reply may fit while the sum does not), and then, while the round's totals
+    do not fit, the site with the most examples: that site is faulty (``ok=False``, its figures
+    dropped, the reason said), and the others' round goes on (hostile re-test, finding 1c)."""
+
+    def refuse(site: str, why: str) -> None:
+        entry = sites_out[site]
+        for key in _FIGURES:
+            entry.pop(key, None)
+        entry.update(ok=False, error=sanitise(f"faulty replies, refused: {why}", limit=1000))
+
+    for site, entry in sites_out.items():
+        try:
+            SiteRound.from_json(_site_round(entry).to_json(), f"sites.{site}")
+        except ContractError as exc:
+            refuse(site, str(exc))
+    while True:
+        ok = [s for s, e in sites_out.items() if e.get("ok") is True]
+        totals = {
+            "train_examples": sum(int(sites_out[s].get("train_examples", 0)) for s in ok),
+            "eval_examples": sum(int(sites_out[s].get("eval_examples", 0)) for s in ok),
+        }
+        try:
+            Round.from_json({"round": 1, **totals})
+            return
+        except ContractError as exc:
+            biggest = max(
+                ok,
+                key=lambda s: (
+                    int(sites_out[s].get("train_examples", 0))
+                    + int(sites_out[s].get("eval_examples", 0)),
+                    s,
+                ),
+            )
+            refuse(biggest, f"its counts overflow the round's total ({exc})")
 
 
 def _ask(
@@ -652,7 +790,10 @@ class _Run:
     ``initial``: the starting weights and ``history``: one :class:`task.RoundLog` per round (both
     for the contribution); ``last_eval``: each site's latest evaluation; ``reports``: each site's
     final evaluation aggregates; ``aggregate_eval``: the latest round's federated evaluation
-    (``eval_loss``, ``eval_accuracy``: finite or ``None``; ``eval_examples``).
+    (``eval_loss``, ``eval_accuracy``: finite or ``None``; ``eval_examples``); ``limits``: the
+    portal's :class:`SiteLimits` per site and ``train_check``/``test_check`` the bounds on
+    replies built from them (ADR 0024); ``faulty``: site → reason of the sites refused after
+    discovery (reported with round 1), ``site_node`` their node ids.
     """
 
     grid: Grid
@@ -675,6 +816,11 @@ class _Run:
     last_eval: dict[str, SiteEvaluation] = field(default_factory=dict)
     reports: dict[str, EvalReport] = field(default_factory=dict)
     aggregate_eval: dict = field(default_factory=dict)
+    limits: dict[str, SiteLimits] = field(default_factory=dict)
+    faulty: dict[str, str] = field(default_factory=dict)
+    site_node: dict[str, int] = field(default_factory=dict)
+    train_check: ReplyCheck | None = None
+    test_check: ReplyCheck | None = None
 
     @property
     def task(self) -> str:
@@ -684,9 +830,12 @@ class _Run:
     def classes(self) -> list[str]:
         return self.prepared.fitted.classes
 
-    def send_model(self, message_type: str, reply_type, sites_out: dict[str, dict], rnd: int):
-        """:func:`fan_out` of the current model to the active sites, with the run's settings;
-        a non-finite reply posts the round as partial, then raises ``NonFinite``."""
+    def send_model(
+        self, message_type: str, reply_type, sites_out: dict[str, dict], rnd: int, check=None
+    ):
+        """:func:`fan_out` of the current model to the active sites, with the run's settings and
+        the bounds ``check``; a non-finite reply posts the round as partial, then raises
+        ``NonFinite``."""
         try:
             return fan_out(
                 message_type,
@@ -699,6 +848,7 @@ class _Run:
                 poll=self.cfg.poll_interval,
                 sites_out=sites_out,
                 reply_type=reply_type,
+                check=check,
                 rnd=rnd,
             )
         except NonFinite:
@@ -716,17 +866,25 @@ class _Run:
         )
 
 
-def _discover_sites(
-    grid: Grid, cfg: RunConfig, reporter: Reporter
-) -> tuple[dict[str, int], dict[str, tuple[SiteInfo, SiteSummary]], Started]:
-    """Step 1: find the job's sites; return ``(site→node of the ready sites, their discovery
-    replies, the ``started`` event to post)``. Raises ``JobFailed`` (after posting ``started``)
-    when fewer than ``min_sites`` are ready."""
+@dataclass
+class _Discovered:
+    """What discovery hands to :func:`_start`: the ready sites (site → node), their replies,
+    every claimed site's node and the ``started`` event to post (with the preparation)."""
+
+    active: dict[str, int]
+    site_reply: dict[str, tuple[SiteInfo, SiteSummary]]
+    site_node: dict[str, int]
+    started: Started
+
+
+def _discover_sites(grid: Grid, cfg: RunConfig, reporter: Reporter) -> _Discovered:
+    """Step 1: find the job's sites. Raises ``JobFailed`` (after posting ``started``) when fewer
+    than ``min_sites`` are ready."""
     spec = cfg.spec
     site_node, site_reply, site_error = discover(
         grid, spec, timeout=cfg.discovery_timeout, poll=cfg.poll_interval
     )
-    missing = sorted(set(spec.sites) - set(site_node))
+    missing = sorted(set(spec.sites) - set(site_node) - set(site_error))
     active = {s: n for s, n in site_node.items() if s not in site_error}
     started = Started(
         nodes={s: str(n) for s, n in site_node.items()}, missing=missing, errors=site_error
@@ -740,20 +898,44 @@ def _discover_sites(
             f"Only {len(active)} of {len(spec.sites)} sites could take part, and the job needs "
             f"{spec.min_sites}. " + " ".join(problems)
         )
-    return active, site_reply, started
+    return _Discovered(active, site_reply, site_node, started)
 
 
-def _start(
-    grid: Grid,
-    cfg: RunConfig,
-    reporter: Reporter,
-    active: dict[str, int],
-    site_reply: dict[str, tuple[SiteInfo, SiteSummary]],
-    started: Started,
-) -> _Run:
+def _refuse_by_limits(
+    found: _Discovered, limits: dict[str, SiteLimits], min_sites: int
+) -> dict[str, str]:
+    """Refuse the sites whose discovery summary counts rows other than the portal's
+    :class:`SiteLimits` (rows of the dataset version registered at ingest; ADR 0024): they are
+    faulty, removed from ``found.active``; returns site → why. Raises ``JobFailed`` when fewer
+    than ``min_sites`` are left."""
+    faulty: dict[str, str] = {}
+    for site in sorted(found.active):
+        lim = limits.get(site)
+        summary = found.site_reply[site][1]
+        if lim is None:
+            continue
+        if summary.rows != lim.rows or summary.target_missing > summary.rows:
+            faulty[site] = (
+                f"faulty discovery reply, refused: reported {summary.rows} rows "
+                f"({summary.target_missing} without a target); the dataset version registered "
+                f"for this site has {lim.rows} rows"
+            )
+            found.active.pop(site)
+    if len(found.active) < min_sites:
+        raise JobFailed(
+            f"Only {len(found.active)} sites could take part, and the job needs {min_sites}. "
+            + " ".join(f"{s} could not take part: {e}" for s, e in sorted(faulty.items()))
+        )
+    return faulty
+
+
+def _start(grid: Grid, cfg: RunConfig, reporter: Reporter, found: _Discovered) -> _Run:
     """Step 2: the federated preprocessing (:func:`prepare`: fills, vocabularies,
-    standardisation, the global class list), posted with ``started``, and the initial model.
-    Raises ``JobFailed`` (after posting ``started``) when the data cannot be prepared."""
+    standardisation, the global class list), posted with ``started``; the portal's answer's
+    limits refuse the sites whose discovery row counts are out of them (:func:`_refuse_by_limits`)
+    and bound every later reply (:func:`bounds_check`); the initial model. Raises ``JobFailed``
+    (after posting ``started``) when the data cannot be prepared or too few sites are left."""
+    active, site_reply, started = found.active, found.site_reply, found.started
     try:
         prepared = prepare(
             grid, cfg.spec, active, site_reply, timeout=cfg.round_timeout, poll=cfg.poll_interval
@@ -761,8 +943,11 @@ def _start(
     except JobFailed:
         reporter.post(started)
         raise
-    reporter.post(replace(started, preparation=prepared.preparation))
+    answer = reporter.post(replace(started, preparation=prepared.preparation))
+    limits = answer.limits
+    faulty = _refuse_by_limits(found, limits, cfg.spec.min_sites)
     fitted = prepared.fitted
+    classes = fitted.classes
     arrays = ArrayRecord(init_params(len(fitted.mean), max(1, len(fitted.classes))))
     players = sorted(active)  # contribution players: index = position
     return _Run(
@@ -777,6 +962,15 @@ def _start(
         players=players,
         player_of={s: i for i, s in enumerate(players)},
         initial=_arrays(arrays),
+        limits=limits,
+        faulty=faulty,
+        site_node=found.site_node,
+        train_check=bounds_check(
+            "train", limits, test_fraction=cfg.test_fraction, classes=len(classes)
+        ),
+        test_check=bounds_check(
+            "test", limits, test_fraction=cfg.test_fraction, classes=len(classes)
+        ),
     )
 
 
@@ -787,7 +981,7 @@ def _train_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> dict:
     as partial and ``JobFailed`` raised; a reply or an aggregate with NaN or infinity raises
     ``NonFinite`` naming the round (and the site)."""
     min_sites = run.cfg.spec.min_sites
-    train = run.send_model(MessageType.TRAIN, TrainReply, sites_out, rnd)
+    train = run.send_model(MessageType.TRAIN, TrainReply, sites_out, rnd, check=run.train_check)
     for node, (_, m) in train.items():
         sites_out[run.node_site[node]].update(
             ok=True,
@@ -824,9 +1018,11 @@ def _evaluate_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> None:
     site's figures (and metering, added to its training's) go into ``sites_out`` and
     ``run.last_eval``, Flower's aggregate into ``run.aggregate_eval``. After the last round each
     site's final aggregates (``contract.EvalReport``) go into ``run.reports`` and its metrics
-    into ``run.last_eval``."""
+    into ``run.last_eval``. Replies out of the portal's bounds are refused (``run.test_check``)."""
     final = rnd == run.cfg.num_rounds
-    evaluation = run.send_model(MessageType.EVALUATE, EvaluateReply, sites_out, rnd)
+    evaluation = run.send_model(
+        MessageType.EVALUATE, EvaluateReply, sites_out, rnd, check=run.test_check
+    )
     for node, (reply, m) in evaluation.items():
         site = run.node_site[node]
         entry = sites_out[site]
@@ -853,13 +1049,20 @@ def _evaluate_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> None:
             eval_accuracy=accuracy,
             metrics=site_scores,
         )
-    eval_agg = run.strategy.aggregate_evaluate(rnd, [r for r, _ in evaluation.values()]) or {}
+    _refuse_unfit_entries(sites_out)
+    ok_sites = {s for s, e in sites_out.items() if e.get("ok") is True}
+    eval_agg = (
+        run.strategy.aggregate_evaluate(
+            rnd, [r for n, (r, _) in evaluation.items() if run.node_site[n] in ok_sites]
+        )
+        or {}
+    )
     run.aggregate_eval = {
         "eval_loss": finite_or_none(eval_agg.get("eval-loss")),
         "eval_accuracy": (
             finite_or_none(eval_agg.get("eval-accuracy")) if run.task == "classification" else None
         ),
-        "eval_examples": sum(int(e.get("eval_examples", 0)) for e in sites_out.values()),
+        "eval_examples": sum(int(sites_out[s].get("eval_examples", 0)) for s in ok_sites),
     }
 
 
@@ -867,7 +1070,7 @@ def _drop_sites(run: _Run, rnd: int, sites_out: dict[str, dict], answer: Callbac
     """Round step d: drop the sites that failed this round and any the portal asks to drop
     (revoked grants). Raises ``JobFailed`` when rounds remain and fewer than ``min_sites`` stay."""
     min_sites = run.cfg.spec.min_sites
-    failed = {s for s, e in sites_out.items() if e.get("ok") is False}
+    failed = {s for s, e in sites_out.items() if e.get("ok") is False} & set(run.active)
     revoked = set(answer.drop_sites) & set(run.active)
     for site in failed | revoked:
         run.active.pop(site, None)
@@ -887,13 +1090,18 @@ def _round(run: _Run, rnd: int) -> None:
     run.config["server-round"] = rnd
     run.config["final"] = rnd == run.cfg.num_rounds
     sites_out: dict[str, dict] = {s: {"node_id": str(n)} for s, n in run.active.items()}
+    if rnd == 1:  # sites refused after discovery are reported with the first round
+        for site, error in run.faulty.items():
+            sites_out[site] = {"node_id": str(run.site_node[site]), "ok": False, "error": error}
     train_agg = _train_round(run, rnd, sites_out)
     _evaluate_round(run, rnd, sites_out)
     answer = run.reporter.post(
         Round(
             round=rnd,
             train_loss=finite_or_none(train_agg.get("train-loss")),
-            train_examples=sum(int(e.get("train_examples", 0)) for e in sites_out.values()),
+            train_examples=sum(
+                int(e.get("train_examples", 0)) for e in sites_out.values() if e.get("ok") is True
+            ),
             wall_seconds=time.monotonic() - t0,
             sites={s: _site_round(e) for s, e in sites_out.items()},
             **run.aggregate_eval,
@@ -946,6 +1154,7 @@ def _report_contribution(run: _Run) -> None:
             config=run.config,
             timeout=run.cfg.round_timeout,
             poll=run.cfg.poll_interval,
+            check=run.test_check,
             task=run.task,
         )
     except Exception as exc:  # contribution is an add-on: the trained model stands regardless
@@ -962,8 +1171,7 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
     ``round``, drop sites), :func:`_finish` (``finished``) and, unless ``cfg.contribution`` is
     off, :func:`_report_contribution`. Raises ``JobFailed`` with the reason the run cannot go on.
     """
-    active, site_reply, started = _discover_sites(grid, cfg, reporter)
-    run = _start(grid, cfg, reporter, active, site_reply, started)
+    run = _start(grid, cfg, reporter, _discover_sites(grid, cfg, reporter))
     for rnd in range(1, cfg.num_rounds + 1):
         _round(run, rnd)
     _finish(run)

@@ -8,7 +8,7 @@ from django.db import connection
 
 TABLE = "portal_ledgerentry"
 TRIGGER = "portal_ledgerentry_append_only"
-#: Every append-only trigger on the ledger's tables (migrations 0003 and 0006), table → triggers.
+#: Every append-only trigger on the ledger's tables (migrations 0003 and 0007), table → triggers.
 TRIGGERS = {
     TABLE: (TRIGGER, "portal_ledgerentry_no_truncate"),
     "portal_ledgercheckpoint": (
