@@ -705,8 +705,8 @@ def main(argv: list[str] | None = None) -> int:
         state = runtime.start(
             var / "federation", local_sites(), superlink_env=callbacks.serverapp_environment()
         )
-        runtime.write_control_config(
-            settings.FRP_FLWR_HOME, settings.FRP_FEDERATION_NAME, state.superlink_address
+        runtime.write_state_control_config(
+            settings.FRP_FLWR_HOME, settings.FRP_FEDERATION_NAME, state
         )
         print(
             f"[setup] SuperLink {state.superlink_address}; SuperNodes "

@@ -1,6 +1,6 @@
 """What the federation adds to pages of the floors below it (``portal.panels``): the dashboard's
-recent jobs (its *Submit a job* button, count and table), each site's compute pools on the
-institution's *Sites & pools* page, and the airlock's pending model releases on the data steward's
+recent jobs (its *Submit a job* button, count and table), each site's SuperNode (state, kit, key)
+and compute pools on the institution's *Sites & pools* page, and the airlock's pending model releases on the data steward's
 queue. Registered in ``FederationConfig.ready()``.
 """
 
@@ -36,6 +36,11 @@ def site_pools(*, request, site) -> dict:
     return {"site": site, "pools": site.pools.order_by("name")}
 
 
+def site_node(*, request, site) -> dict:
+    """The site's SuperNode (its state loads by HTMX), its kit and the key form."""
+    return {"site": site}
+
+
 def steward_releases(*, request) -> dict | None:
     """Pending model releases the signed-in data steward decides on (nothing when none)."""
     releases = selectors.releases_for_steward(user=request.user)
@@ -54,6 +59,12 @@ def register() -> None:
     )
     panels.register(
         "dashboard.main", template="federation/panels/dashboard_jobs.html", context=dashboard_jobs
+    )
+    panels.register(
+        "institution.site",
+        template="federation/panels/site_node.html",
+        context=site_node,
+        order=50,
     )
     panels.register(
         "institution.site", template="federation/panels/site_pools.html", context=site_pools

@@ -8,8 +8,14 @@ environment. Every process runs with umask 077, so the SuperLink's database, the
 are 0600 files in 0700 folders. The state file (``<root>/federation.json``) records pids, ports and log files so other
 processes (the portal, tests, benchmarks) can find and stop it. Imports no Django.
 
-In a multi-host deployment each institution runs its own SuperNode (see docker-compose.yml) and this
-module is not used.
+TLS is on by default: a platform CA under ``<root>/pki`` (``federation.pki``, made on first start)
+signs the SuperLink's certificate for its host (and ``127.0.0.1``/``localhost``, which its own
+SuperExec dials); every SuperNode and the portal's flwr CLI verify it with ``--root-certificates`` /
+``root-certificates``. ``insecure=True`` (plain HTTP, ``--insecure``) exists only for development and
+is reached only through an explicit flag (``manage.py federation_up --insecure-development``).
+
+In a multi-host deployment each institution runs its own SuperNode (see docker-compose.yml and the
+site package, ``frp_site``) and this module is not used there.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from federation import pki, superlink
 from frp_flwr.signing import KEY_ENV, KEY_FILE_ENV
+from frp_site import nodekey, supernode
 
 #: Never passed to a SuperNode: the ServerApp's callback key (see frp_flwr.signing).
 _SERVERAPP_ONLY = (KEY_ENV, KEY_FILE_ENV)
@@ -44,6 +52,7 @@ class LocalSite:
     store_url: str
     keyring: str
     received_log: str = ""  # optional: the ClientApp appends every message it receives here
+    auth_key: str = ""  # the SuperNode's private key (made on first start when missing)
 
 
 @dataclass
@@ -55,6 +64,10 @@ class FederationState:
     superlink_pid: int
     supernodes: dict[str, int] = field(default_factory=dict)  # site → pid
     logs: dict[str, str] = field(default_factory=dict)  # process name → log file
+    ca_cert: str = ""  # the CA that signed the SuperLink's certificate ("" when insecure)
+    insecure: bool = False
+    node_auth: bool = False  # SuperNode authentication on (--enable-supernode-auth)
+    node_ids: dict[str, str] = field(default_factory=dict)  # site → registered node id
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -101,15 +114,42 @@ def _log(path: Path):
     return os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
 
 
-def write_control_config(flwr_home: Path, name: str, address: str) -> Path:
-    """Write ``$FLWR_HOME/config.toml`` naming the SuperLink connection ``name`` at ``address``."""
+def write_control_config(
+    flwr_home: Path, name: str, address: str, *, root_certificates: str | Path | None = None
+) -> Path:
+    """Write ``$FLWR_HOME/config.toml`` naming the SuperLink connection ``name`` at ``address``.
+
+    ``root_certificates``: the CA certificate (PEM file) the CLI verifies the SuperLink with; without
+    it the connection is ``insecure = true`` (development only).
+    """
     flwr_home.mkdir(parents=True, exist_ok=True)
     path = flwr_home / "config.toml"
+    tls = (
+        f"root-certificates = {json.dumps(str(root_certificates))}\n"
+        if root_certificates
+        else "insecure = true\n"
+    )
     path.write_text(
-        f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\n'
-        f'address = "{address}"\ninsecure = true\n'
+        f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "{address}"\n{tls}'
     )
     return path
+
+
+def write_state_control_config(flwr_home: Path, name: str, state: FederationState) -> Path:
+    """``write_control_config`` for the federation ``state`` (its address and CA, if any)."""
+    return write_control_config(
+        flwr_home, name, state.superlink_address, root_certificates=state.ca_cert or None
+    )
+
+
+def superlink_tls(root: Path, host: str) -> tuple[pki.CertificateAuthority, pki.ServerCertificate]:
+    """The CA under ``<root>/pki`` (made on first use) and a fresh SuperLink certificate for
+    ``host``, ``127.0.0.1`` and ``localhost``."""
+    ca = pki.ca_load_or_create(root / "pki")
+    cert = pki.server_certificate_issue(
+        ca, root / "pki", name="superlink", hosts=[host, "127.0.0.1", "localhost"], replace=True
+    )
+    return ca, cert
 
 
 def start(
@@ -118,23 +158,42 @@ def start(
     *,
     host: str = "127.0.0.1",
     superlink_env: dict[str, str] | None = None,
+    insecure: bool = False,
+    node_auth: bool | None = None,
 ) -> FederationState:
     """Start a SuperLink and one SuperNode per site under ``root``; return their state.
 
     ``superlink_env``: extra environment of the SuperLink alone (its ServerApp processes inherit
-    it), e.g. ``federation.callbacks.serverapp_environment()``. Raises ``RuntimeError_`` (after
-    stopping what it started) when a process does not come up.
+    it), e.g. ``federation.callbacks.serverapp_environment()``. TLS with the CA of ``<root>/pki``
+    unless ``insecure`` (development only). ``node_auth`` (default: on unless ``insecure``): the
+    SuperLink runs with ``--enable-supernode-auth`` and each site's key (``LocalSite.auth_key``, or
+    ``<root>/node-keys/<site>.key``, made on first start) is registered before its SuperNode
+    starts (``register_nodes``). Raises ``RuntimeError_`` (after stopping what it started) when a
+    process does not come up or a key cannot be registered, ``pki.PkiError`` when the CA is
+    unusable.
     """
+    node_auth = (not insecure) if node_auth is None else node_auth
     for folder in (root, root / "logs"):
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(folder, 0o700)
     logs = root / "logs"
     port = free_port(host)
     sl_log = logs / "superlink.log"
-    superlink = subprocess.Popen(
+    if insecure:
+        ca_cert, tls_args = "", ["--insecure"]
+    else:
+        ca, cert = superlink_tls(root, host)
+        ca_cert = str(ca.cert)
+        tls_args = [
+            f"--ssl-ca-certfile={ca.cert}",
+            f"--ssl-certfile={cert.cert}",
+            f"--ssl-keyfile={cert.key}",
+        ]
+    superlink_proc = subprocess.Popen(
         [
             _bin("flower-superlink"),
-            "--insecure",
+            *tls_args,
+            *(["--enable-supernode-auth"] if node_auth else []),
             "--disable-runtime-dependency-installation",
             "--database",
             str(root / "superlink.db"),
@@ -152,47 +211,115 @@ def start(
     state = FederationState(
         root=str(root),
         superlink_address=f"{host}:{port}",
-        superlink_pid=superlink.pid,
+        superlink_pid=superlink_proc.pid,
         logs={"superlink": str(sl_log)},
+        ca_cert=ca_cert,
+        insecure=insecure,
+        node_auth=node_auth,
     )
     try:
-        _wait_port(host, port, 60, superlink, sl_log)
+        _wait_port(host, port, 60, superlink_proc, sl_log)
+        if node_auth:
+            state.node_ids = register_nodes(state, sites)
         for site in sites:
-            node_port = free_port(host)
-            log = logs / f"supernode-{site.site}.log"
-            node_config = f'site="{site.site}" store="{site.store_url}" keyring="{site.keyring}"'
-            if site.received_log:
-                node_config += f' received-log="{site.received_log}"'
-            proc = subprocess.Popen(
-                [
-                    _bin("flower-supernode"),
-                    "--insecure",
-                    "--superlink",
-                    state.superlink_address,
-                    "--host",
-                    host,
-                    "--port",
-                    str(node_port),
-                    "--node-config",
-                    node_config,
-                ],
-                env=_env(root / f"supernode-{site.site}-home"),
-                stdout=_log(log),
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                umask=0o077,
-            )
-            state.supernodes[site.site] = proc.pid
-            state.logs[f"supernode-{site.site}"] = str(log)
-            _wait_port(host, node_port, 60, proc, log)
+            start_supernode(state, site, host=host)
     except Exception:
         stop(state)
         raise
-    with os.fdopen(
-        os.open(root / "federation.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w"
-    ) as fh:
-        fh.write(json.dumps(asdict(state), indent=2))
+    save_state(state)
     return state
+
+
+def save_state(state: FederationState) -> None:
+    """Write ``<root>/federation.json`` (0600)."""
+    path = Path(state.root) / "federation.json"
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+        fh.write(json.dumps(asdict(state), indent=2))
+
+
+def site_auth_key(state: FederationState, site: LocalSite) -> Path:
+    """The private key ``site``'s SuperNode authenticates with (made on first use, 0600)."""
+    path = (
+        Path(site.auth_key)
+        if site.auth_key
+        else Path(state.root) / "node-keys" / f"{site.site}.key"
+    )
+    if not path.exists():
+        nodekey.key_pair_create(path, comment=site.site)
+    return path
+
+
+def control_connection(state: FederationState) -> superlink.Connection:
+    """A connection of the flwr CLI to this federation's SuperLink (its own ``FLWR_HOME``)."""
+    home = Path(state.root) / "control-home"
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(home, 0o700)
+    write_state_control_config(home, "local", state)
+    return superlink.Connection(flwr_home=home, federation="local", app_dir=Path(state.root))
+
+
+def register_nodes(state: FederationState, sites: list[LocalSite]) -> dict[str, str]:
+    """Register each site's public key with the SuperLink, once; return site → node id.
+
+    ``<root>/nodes.json`` remembers what was registered (site → node id, public key): a key the
+    SuperLink still lists under that id is not registered again (the SuperLink's database
+    outlives a restart). Raises ``RuntimeError_`` when the SuperLink refuses a key.
+    """
+    path = Path(state.root) / "nodes.json"
+    known = json.loads(path.read_text()) if path.exists() else {}
+    conn = control_connection(state)
+    try:
+        listed = superlink.nodes_list(conn) if known else {}
+        ids: dict[str, str] = {}
+        for site in sites:
+            public = nodekey.public_key_of(site_auth_key(state, site))
+            entry = known.get(site.site) or {}
+            node = listed.get(str(entry.get("node_id")))
+            if entry.get("public_key") == public and node and node.status != "unregistered":
+                ids[site.site] = node.node_id
+                continue
+            ids[site.site] = superlink.node_register(conn, public, name=site.site)
+            known[site.site] = {"node_id": ids[site.site], "public_key": public}
+            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+                fh.write(json.dumps(known, indent=2))
+    except (superlink.SuperLinkError, nodekey.NodeKeyError) as exc:
+        raise RuntimeError_(f"SuperNode registration failed: {exc}") from exc
+    return ids
+
+
+def start_supernode(state: FederationState, site: LocalSite, *, host: str = "127.0.0.1") -> int:
+    """Start ``site``'s SuperNode against ``state``'s SuperLink; record and return its pid.
+
+    Raises ``RuntimeError_`` when it does not come up.
+    """
+    logs = Path(state.root) / "logs"
+    node_port = free_port(host)
+    log = logs / f"supernode-{site.site}.log"
+    config = {"site": site.site, "store": site.store_url, "keyring": site.keyring}
+    if site.received_log:
+        config["received-log"] = site.received_log
+    args = supernode.command(
+        state.superlink_address,
+        node_config=config,
+        ca_cert=state.ca_cert or None,
+        auth_key=site_auth_key(state, site) if state.node_auth else None,
+        port=node_port,
+        host=host,
+        executable=_bin("flower-supernode"),
+        insecure=state.insecure,
+    )
+    proc = subprocess.Popen(
+        args,
+        env=_env(Path(state.root) / f"supernode-{site.site}-home"),
+        stdout=_log(log),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        umask=0o077,
+    )
+    state.supernodes[site.site] = proc.pid
+    state.logs[f"supernode-{site.site}"] = str(log)
+    _wait_port(host, node_port, 60, proc, log)
+    return proc.pid
 
 
 def load_state(root: Path) -> FederationState:

@@ -12,6 +12,9 @@ Contract:
   traffic, so the portal's per-site usage comes from the ClientApp's own metering and these totals
   serve only as a run-level cross-check.
 - ``run_stop(run_id)`` asks the SuperLink to stop a run.
+- ``node_register(public_key, name=…)`` / ``node_unregister(node_id)`` / ``nodes_list()``: SuperNode
+  authentication (``flwr supernode register|unregister|ls``; the SuperLink runs with
+  ``--enable-supernode-auth``), node ids as strings, states as ``NodeState``.
 
 Every call uses ``--format json`` and checks ``success`` (the CLI exits 0 even on error). Failures
 raise ``SuperLinkError`` with the CLI's message. Nothing outside this module sees the CLI or its JSON.
@@ -172,3 +175,68 @@ def runs_status(conn: Connection, run_ids: list[str]) -> dict[str, RunStatus]:
 def run_stop(conn: Connection, run_id: str) -> None:
     """Ask the SuperLink to stop a run (idempotent on the portal side)."""
     _call(conn, ["stop", str(run_id), conn.federation])
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """A SuperNode as the SuperLink lists it (``flwr supernode ls``).
+
+    ``status``: ``registered`` (key known, never connected), ``online``, ``offline`` or
+    ``unregistered``. Times are the CLI's UTC strings (``YYYY-MM-DD HH:MM:SSZ``) or ``""``.
+    """
+
+    node_id: str
+    status: str
+    registered_at: str
+    online_at: str
+    offline_at: str
+    unregistered_at: str
+
+    @property
+    def last_seen(self) -> str:
+        """When the node was last known connected: now if online, else when it went offline."""
+        return self.online_at if self.status == "online" else self.offline_at
+
+
+def _time(value) -> str:
+    return "" if value in (None, "", "N/A") else str(value)
+
+
+def node_register(conn: Connection, public_key: str, *, name: str) -> str:
+    """Register a SuperNode's public key (OpenSSH line) under ``name``; return its node id.
+
+    Raises ``SuperLinkError`` when the SuperLink refuses (key already registered, auth off, …).
+    """
+    with tempfile.NamedTemporaryFile("w", suffix=".pub", delete=False) as fh:
+        fh.write(public_key.strip() + "\n")
+        key_path = fh.name
+    try:
+        payload = _call(conn, ["supernode", "register", key_path, conn.federation, "--name", name])
+    finally:
+        os.unlink(key_path)
+    node_id = payload.get("node-id")
+    if node_id is None:
+        raise SuperLinkError(f"flwr supernode register returned no node id: {payload}")
+    return str(node_id)
+
+
+def node_unregister(conn: Connection, node_id: str) -> None:
+    """Unregister SuperNode ``node_id``: the SuperLink refuses it from then on."""
+    _call(conn, ["supernode", "unregister", str(int(node_id)), conn.federation])
+
+
+def nodes_list(conn: Connection) -> dict[str, NodeState]:
+    """Every SuperNode the SuperLink knows (unregistered ones included), by node id."""
+    payload = _call(conn, ["supernode", "ls", conn.federation, "--verbose"])
+    out: dict[str, NodeState] = {}
+    for node in payload.get("nodes") or []:
+        node_id = str(node.get("node-id"))
+        out[node_id] = NodeState(
+            node_id=node_id,
+            status=str(node.get("status", "")),
+            registered_at=_time(node.get("created-at")),
+            online_at=_time(node.get("online-at")),
+            offline_at=_time(node.get("offline-at")),
+            unregistered_at=_time(node.get("deleted-at")),
+        )
+    return out

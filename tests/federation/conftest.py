@@ -136,8 +136,8 @@ def flower_world(slugs, *, root: Path, live_server, django_db_blocker):
                 ],
                 superlink_env=callbacks.serverapp_environment(),
             )
-            runtime.write_control_config(
-                dj_settings.FRP_FLWR_HOME, dj_settings.FRP_FEDERATION_NAME, state.superlink_address
+            runtime.write_state_control_config(
+                dj_settings.FRP_FLWR_HOME, dj_settings.FRP_FEDERATION_NAME, state
             )
             db = connection.settings_dict
             env = dict(
