@@ -1,8 +1,9 @@
 """Data contribution by Shapley value: exact, leave-one-out and GTG-Shapley (pure numpy).
 
-This module owns the contribution *math* of the portal. It imports no Django, so the Flower
-ServerApp (``federation/flwr_app``) imports it directly to measure each site's contribution
-after training, and the portal imports it to re-check posted results.
+This module owns the contribution *math* of the portal: it turns the coalition utilities the
+Flower ServerApp posts into values. It imports no Django. Which coalitions are scored, their keys
+and GTG-Shapley's guided permutations are the contribution plan the ServerApp ships
+(``frp_flwr.coalitions``), so both sides walk the same coalitions.
 
 Players are the sites of one job, numbered ``0 .. n-1``. A *utility* is any callable
 ``utility(coalition: frozenset[int]) -> float`` that scores the model built from the
@@ -29,14 +30,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from frp_flwr.coalitions import GTG_MIN_PERMUTATIONS, iter_guided_permutations
+
 Utility = Callable[[frozenset[int]], float]
 
 #: Largest player count for which :func:`exact_shapley` enumerates all 2^n coalitions.
 EXACT_MAX_PLAYERS = 16
 
 #: GTG-Shapley defaults from the authors' reference implementation: at least
-#: ``max(30, n)`` permutations, convergence judged over the last 10 running means.
-GTG_MIN_PERMUTATIONS = 30
+#: ``max(GTG_MIN_PERMUTATIONS, n)`` permutations (30, from the contribution plan the ServerApp
+#: shares), convergence judged over the last 10 running means.
 GTG_CONVERGENCE_WINDOW = 10
 
 
@@ -191,7 +194,8 @@ def gtg_shapley(
        contributions are taken as 0 and no further coalition of that permutation is evaluated.
     3. *Guided sampling*: permutation ``k`` puts player ``k mod n`` first and orders the rest
        at random, so every player leads equally often (sampling proceeds in whole cycles of
-       ``n`` permutations).
+       ``n`` permutations): ``frp_flwr.coalitions.iter_guided_permutations``, the sequence whose
+       prefixes the ServerApp scored.
     4. *Monte-Carlo convergence*: after at least ``max(30, n)`` permutations (checked at the
        end of each cycle), stop when, over the last 10 running means ``r_t``, the mean over
        players of ``|r_t − r_last| / max(|r_last|, eps)`` stays below ``convergence_tol``.
@@ -262,16 +266,14 @@ def gtg_shapley(
         cap = max_permutations
     floor = max(eps, 1e-12)
 
-    rng = np.random.default_rng(seed)
+    orders = iter_guided_permutations(n, seed)  # the ServerApp's plan walks the same ones
     totals = np.zeros(n)
     by_position = np.zeros((n, n))  # [player, position]: sum of marginals
     seen = np.zeros((n, n))  # [player, position]: how often sampled there
     running_means: list[np.ndarray] = []
     permutations = 0
     while permutations < cap:
-        leader = permutations % n
-        others = np.array([p for p in range(n) if p != leader], dtype=np.int64)
-        order = [leader, *rng.permutation(others).tolist()]
+        order = next(orders)
         marginals = np.zeros(n)
         prefix: frozenset[int] = frozenset()
         v_prev = v_empty

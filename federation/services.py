@@ -456,21 +456,31 @@ def job_callback_record(*, job_id: int, seq: int, event: contract.Event) -> cont
     job.callback_seq = seq
     job.save(update_fields=["callback_seq"])
 
-    drop = [
+    drop = _revoked_sites(job, sites)
+    if isinstance(event, contract.Round):  # the ServerApp drops these before its next round
+        _mark_dropped(sites, drop, after_round=event.round)
+    return contract.CallbackAnswer(drop_sites=drop)
+
+
+def _revoked_sites(job: FederatedJob, sites: dict[str, JobSite]) -> list[str]:
+    """The job's sites whose dataset's access grant for the job's project is no longer valid."""
+    return [
         slug
         for slug, js in sites.items()
         if not sandbox_selectors.has_valid_grant(
             project=job.project, dataset=js.dataset_version.dataset
         )
     ]
-    if isinstance(event, contract.Round):  # the ServerApp drops these before its next round
-        for slug in drop:
-            js = sites[slug]
-            if js.status not in (JobSiteStatus.DROPPED, JobSiteStatus.FAILED):
-                js.status = JobSiteStatus.DROPPED
-                js.last_error = f"access grant no longer valid: dropped after round {event.round}"
-                js.save(update_fields=["status", "last_error"])
-    return contract.CallbackAnswer(drop_sites=drop)
+
+
+def _mark_dropped(sites: dict[str, JobSite], slugs: list[str], *, after_round: int) -> None:
+    """Mark the sites ``slugs`` dropped (unless already dropped or failed), with the reason."""
+    for slug in slugs:
+        js = sites[slug]
+        if js.status not in (JobSiteStatus.DROPPED, JobSiteStatus.FAILED):
+            js.status = JobSiteStatus.DROPPED
+            js.last_error = f"access grant no longer valid: dropped after round {after_round}"
+            js.save(update_fields=["status", "last_error"])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -106,6 +106,107 @@ def _check_certificate(pem: str) -> str:
     return "".join(body.split())
 
 
+def _oidc_check(
+    *, issuer: str, client_id: str, client_secret: str, existing: IdentityProvider | None
+) -> tuple[dict[str, list[str]], str]:
+    """OpenID Connect settings: ``(per-field errors, the client secret to store)``.
+
+    A given secret is sealed (``portal.secretbox``, a key from the environment); an empty one keeps
+    the stored one. The issuer must pass the SSRF guard (the portal fetches from it on every
+    sign-in: no internal addresses).
+    """
+    sealed = seal(client_secret) if client_secret else ""
+    sealed = sealed or (existing.client_secret if existing else "")
+    errors: dict[str, list[str]] = {}
+    for name, value in (("issuer", issuer), ("client_id", client_id), ("client_secret", sealed)):
+        if not value:
+            errors.setdefault(name, []).append("Required for OpenID Connect.")
+    if issuer:
+        from portal.oidc_guard import IssuerError, check_url
+
+        try:
+            check_url(issuer, must_resolve=False)
+        except IssuerError as exc:
+            errors.setdefault("issuer", []).append(f"Not allowed: {exc}.")
+    return errors, sealed
+
+
+def _saml_check(*, entity_id: str, sso_url: str, x509cert: str) -> tuple[dict[str, list[str]], str]:
+    """SAML 2.0 settings: ``(per-field errors, the certificate body: base64 DER, one line)``."""
+    errors: dict[str, list[str]] = {}
+    for name, value in (("entity_id", entity_id), ("sso_url", sso_url), ("x509cert", x509cert)):
+        if not value:
+            errors.setdefault(name, []).append("Required for SAML 2.0.")
+    cert_body = ""
+    if x509cert:
+        try:
+            cert_body = _check_certificate(x509cert)
+        except ValueError:
+            errors.setdefault("x509cert", []).append("Not a valid PEM X.509 certificate.")
+    return errors, cert_body
+
+
+def _social_app_fields(
+    *,
+    protocol: str,
+    name: str,
+    provider_id: str,
+    issuer: str,
+    client_id: str,
+    entity_id: str,
+    sso_url: str,
+    cert_body: str,
+    uid_attribute: str,
+    email_attribute: str,
+) -> dict:
+    """The fields of allauth's ``SocialApp`` for a checked IdP (no secret: the sealed one lives
+    on the ``IdentityProvider``, ``adapters.list_apps`` hands it over). SAML assertions must be
+    signed; IdP-initiated (unsolicited) responses are refused."""
+    if protocol == IdPProtocol.OIDC:
+        return {
+            "provider": "openid_connect",
+            "name": name,
+            "client_id": client_id,
+            "secret": "",
+            "settings": {"server_url": issuer.rstrip("/"), "oauth_pkce_enabled": True},
+        }
+    mapping = {}
+    if uid_attribute:
+        mapping["uid"] = uid_attribute
+    if email_attribute:
+        mapping["email"] = email_attribute
+    return {
+        "provider": "saml",
+        "name": name,
+        "client_id": provider_id,  # the organisation slug in allauth's SAML URLs
+        "secret": "",
+        "settings": {
+            "idp": {"entity_id": entity_id, "sso_url": sso_url, "x509cert": cert_body},
+            "attribute_mapping": mapping,
+            "advanced": {
+                "want_assertion_signed": True,
+                "reject_idp_initiated_sso": True,
+                "strict": True,
+            },
+        },
+    }
+
+
+def _social_app_save(existing: IdentityProvider | None, provider_id: str, fields: dict):
+    """Create allauth's ``SocialApp``, or update the one ``existing`` points at; return it."""
+    from allauth.socialaccount.models import SocialApp
+
+    app = existing.social_app if existing and existing.social_app_id else None
+    if app is None:
+        app = SocialApp(provider_id=provider_id, **fields)
+    else:
+        app.provider_id = provider_id
+        for k, v in fields.items():
+            setattr(app, k, v)
+    app.save()
+    return app
+
+
 @transaction.atomic
 def identity_provider_configure(
     *,
@@ -128,40 +229,21 @@ def identity_provider_configure(
     OpenID Connect needs ``issuer``, ``client_id`` and ``client_secret`` (an empty secret on update
     keeps the stored one); SAML needs ``entity_id``, ``sso_url`` and the IdP's signing ``x509cert``
     (PEM). SAML assertions must be signed; IdP-initiated (unsolicited) responses are refused.
-    Raises ``IdentityProviderError`` with per-field messages.
+    Raises ``IdentityProviderError`` with per-field messages (nothing written then).
+
+    Steps: check the protocol's settings (:func:`_oidc_check` / :func:`_saml_check`), write the
+    ``SocialApp`` (:func:`_social_app_fields`, :func:`_social_app_save`), then the
+    ``IdentityProvider`` and its audit event.
     """
-    from allauth.socialaccount.models import SocialApp
-
     existing = IdentityProvider.objects.filter(institution=institution).first()
-    errors: dict[str, list[str]] = {}
+    cert_body = ""
     if protocol == IdPProtocol.OIDC:
-        # Stored sealed (portal.secretbox, a key from the environment); empty keeps the stored one.
-        client_secret = seal(client_secret) if client_secret else ""
-        client_secret = client_secret or (existing.client_secret if existing else "")
-        for name, value in (
-            ("issuer", issuer),
-            ("client_id", client_id),
-            ("client_secret", client_secret),
-        ):
-            if not value:
-                errors.setdefault(name, []).append("Required for OpenID Connect.")
-        if issuer:
-            from portal.oidc_guard import IssuerError, check_url
-
-            try:  # the portal fetches from this URL on every sign-in: no internal addresses
-                check_url(issuer, must_resolve=False)
-            except IssuerError as exc:
-                errors.setdefault("issuer", []).append(f"Not allowed: {exc}.")
+        errors, client_secret = _oidc_check(
+            issuer=issuer, client_id=client_id, client_secret=client_secret, existing=existing
+        )
         key = issuer.rstrip("/")
     elif protocol == IdPProtocol.SAML:
-        for name, value in (("entity_id", entity_id), ("sso_url", sso_url), ("x509cert", x509cert)):
-            if not value:
-                errors.setdefault(name, []).append("Required for SAML 2.0.")
-        if x509cert:
-            try:
-                cert_body = _check_certificate(x509cert)
-            except ValueError:
-                errors.setdefault("x509cert", []).append("Not a valid PEM X.509 certificate.")
+        errors, cert_body = _saml_check(entity_id=entity_id, sso_url=sso_url, x509cert=x509cert)
         key = entity_id
     else:
         raise IdentityProviderError("unknown protocol", {"protocol": [f"Unknown: {protocol!r}"]})
@@ -169,44 +251,22 @@ def identity_provider_configure(
         raise IdentityProviderError("the identity provider settings are incomplete", errors)
 
     provider_id = _provider_id(institution, protocol, key)
-    name = display_name or institution.name
-    if protocol == IdPProtocol.OIDC:
-        app_fields = {
-            "provider": "openid_connect",
-            "name": name,
-            "client_id": client_id,
-            "secret": "",  # the sealed secret lives on the IdentityProvider (adapters.list_apps)
-            "settings": {"server_url": issuer.rstrip("/"), "oauth_pkce_enabled": True},
-        }
-    else:
-        mapping = {}
-        if uid_attribute:
-            mapping["uid"] = uid_attribute
-        if email_attribute:
-            mapping["email"] = email_attribute
-        app_fields = {
-            "provider": "saml",
-            "name": name,
-            "client_id": provider_id,  # the organisation slug in allauth's SAML URLs
-            "secret": "",
-            "settings": {
-                "idp": {"entity_id": entity_id, "sso_url": sso_url, "x509cert": cert_body},
-                "attribute_mapping": mapping,
-                "advanced": {
-                    "want_assertion_signed": True,
-                    "reject_idp_initiated_sso": True,
-                    "strict": True,
-                },
-            },
-        }
-    app = existing.social_app if existing and existing.social_app_id else None
-    if app is None:
-        app = SocialApp(provider_id=provider_id, **app_fields)
-    else:
-        app.provider_id = provider_id
-        for k, v in app_fields.items():
-            setattr(app, k, v)
-    app.save()
+    app = _social_app_save(
+        existing,
+        provider_id,
+        _social_app_fields(
+            protocol=protocol,
+            name=display_name or institution.name,
+            provider_id=provider_id,
+            issuer=issuer,
+            client_id=client_id,
+            entity_id=entity_id,
+            sso_url=sso_url,
+            cert_body=cert_body,
+            uid_attribute=uid_attribute,
+            email_attribute=email_attribute,
+        ),
+    )
 
     idp = existing or IdentityProvider(institution=institution)
     idp.protocol = protocol

@@ -22,6 +22,28 @@ def eager_celery(settings):
     app.conf.task_always_eager = False
 
 
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    """Each test starts with an empty cache of its own run.
+
+    allauth counts sign-ins per client address in the cache (``login: 30/m/ip``): every test
+    client is 127.0.0.1, so without this a test's sign-in is refused once the tests before it
+    in the same minute have signed in 30 times — a failure that depends on the machine's speed.
+    Only this run's keys (``KEY_PREFIX``) are dropped; other runs share the Redis server.
+    """
+    from django.core.cache import cache
+
+    backend = type(cache).__name__
+    if backend == "RedisCache":
+        client = cache._cache.get_client(write=True)
+        keys = list(client.scan_iter(match=f"{cache.key_prefix}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+    else:
+        cache.clear()
+    yield
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _end_stray_database_sessions(django_db_setup, django_db_blocker):
     """Before the test database is dropped, end sessions other threads left open (live server)."""

@@ -1,11 +1,13 @@
 """Writes of contribution scores: Shapley values of each site from the posted coalition utilities.
 
 The ServerApp rebuilds coalition models from the logged rounds and the sites score them (ADR 0010);
-``job.final_metrics["contribution"]`` holds the utilities (see ``federation.services._contribution``).
-Here the math of ``accounting.contribution`` turns them into one ``ContributionScore`` per site and
-method: exact Shapley (whole run, and per round when the rounds were scored) for up to
-``EXACT_MAX_SITES`` sites, GTG-Shapley above, leave-one-out as a cross-check, and — when the job's
-updates were hidden (secure aggregation) — data volume only.
+``job.final_metrics["contribution"]`` holds the utilities (see
+``federation.services._record_contribution``). Here the math of ``accounting.contribution`` turns
+them into one ``ContributionScore`` per site and method: exact Shapley (whole run, and per round
+when the rounds were scored) for up to ``EXACT_MAX_SITES`` sites, GTG-Shapley above, leave-one-out
+as a cross-check, and — when the job's updates were hidden (secure aggregation) — data volume only.
+The constant and the coalition keys are the ServerApp's own (``frp_flwr.coalitions``, the plan it
+scored).
 """
 
 from __future__ import annotations
@@ -19,11 +21,9 @@ from django.db.models import Sum
 from accounting.contribution import exact_shapley, gtg_shapley, leave_one_out, normalise
 from accounting.models import ContributionMethod, ContributionScore
 from federation.models import FederatedJob, SiteRoundMetric
+from frp_flwr.coalitions import EXACT_MAX_SITES, coalition_key
 from portal.ledger.services import ledger_append
 from portal.services import audit_record
-
-#: Most sites for which the whole-run value is exact Shapley (the ServerApp sends all 2^n).
-EXACT_MAX_SITES = 8
 
 #: Round number under which whole-run scores are stored.
 WHOLE_RUN = 0
@@ -31,10 +31,6 @@ WHOLE_RUN = 0
 
 class ContributionError(Exception):
     """The posted utilities cannot be turned into scores (missing coalition, unknown site)."""
-
-
-def _key(coalition: frozenset[int]) -> str:
-    return ",".join(str(i) for i in sorted(coalition))
 
 
 def table_utility(table: dict[str, float]) -> Callable[[frozenset[int]], float]:
@@ -45,10 +41,10 @@ def table_utility(table: dict[str, float]) -> Callable[[frozenset[int]], float]:
 
     def utility(coalition: frozenset[int]) -> float:
         try:
-            return float(table[_key(coalition)])
+            return float(table[coalition_key(coalition)])
         except KeyError:
             raise ContributionError(
-                f"no utility for coalition {{{_key(coalition)}}} was reported"
+                f"no utility for coalition {{{coalition_key(coalition)}}} was reported"
             ) from None
 
     return utility
@@ -104,12 +100,13 @@ def contribution_score_job(*, job: FederatedJob) -> list[ContributionScore]:
     Methods (``ContributionMethod``), each stored per site with ``raw_value`` in utility units
     (example-weighted held-out accuracy, 0..1) and ``share`` = :func:`normalise` of the raws:
 
-    * ``exact`` — Shapley (1953) by enumeration over all ``2^n`` coalitions, ``n <= 8``; round 0
-      is the whole run (raws sum to v(N) − v(∅), efficiency), rounds 1..T when per-round
-      utilities were posted (v_t(∅) = the round's starting model);
-    * ``gtg`` — GTG-Shapley (Liu et al. 2022) above 8 sites, on the coalitions the ServerApp
-      scored (prefixes of the same guided permutations, same seed and permutation budget); for
-      the whole run and for each round whose utilities were posted;
+    * ``exact`` — Shapley (1953) by enumeration over all ``2^n`` coalitions,
+      ``n <= EXACT_MAX_SITES`` (8); round 0 is the whole run (raws sum to v(N) − v(∅),
+      efficiency), rounds 1..T when per-round utilities were posted (v_t(∅) = the round's
+      starting model);
+    * ``gtg`` — GTG-Shapley (Liu et al. 2022) above ``EXACT_MAX_SITES`` sites, on the coalitions
+      the ServerApp scored (prefixes of the same guided permutations, same seed and permutation
+      budget); for the whole run and for each round whose utilities were posted;
     * ``loo`` — leave-one-out v(N) − v(N∖{i}), the cross-check;
     * ``data_volume`` — training examples per site, used alone when
       ``job.final_metrics["updates_hidden"]`` says individual updates were hidden (secure

@@ -6,7 +6,6 @@ service, as the ServerApp posts them.
 
 from __future__ import annotations
 
-import itertools
 import json
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from portal.models import AuditEvent
 from tests.accounting.job_world import finish, post, running_job, utilities_event
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "federation/flwr_app"))
-from frp_flwr import task  # noqa: E402
+from frp_flwr.coalitions import coalition_key, contribution_plan  # noqa: E402
 
 pytestmark = pytest.mark.django_db
 
@@ -193,9 +192,9 @@ def test_ten_sites_use_gtg_on_the_coalitions_the_serverapp_scored():
     def v(coalition) -> float:  # concave in the coalition's weight: interactions, not additive
         return 0.5 + 0.4 * (1 - np.exp(-8 * sum(weight[i] for i in coalition)))
 
-    method, coalitions, permutations = task.contribution_plan(n)
+    method, coalitions, permutations = contribution_plan(n)
     assert method == "gtg" and permutations == 30
-    table = {task.coalition_key(c): v(c) for c in coalitions}
+    table = {coalition_key(c): v(c) for c in coalitions}
     round_1 = {
         k: 0.5 + 0.5 * (x - 0.5) for k, x in table.items()
     }  # half the gains: half the values
@@ -220,10 +219,3 @@ def test_ten_sites_use_gtg_on_the_coalitions_the_serverapp_scored():
     assert len(_scores(job, "loo")) == n
     per_round = _scores(job, "gtg", rnd=1)
     assert [per_round[p].raw_value for p in players] == pytest.approx(values / 2, abs=1e-3)
-
-
-def test_plan_for_three_sites_is_every_coalition():
-    method, coalitions, permutations = task.contribution_plan(3)
-    expected = {frozenset(c) for k in range(4) for c in itertools.combinations(range(3), k)}
-    assert (method, permutations) == ("exact", 0)
-    assert set(coalitions) == expected and len(coalitions) == 8

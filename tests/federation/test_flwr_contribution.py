@@ -18,6 +18,7 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "federation/flwr_app"))
 from frp_flwr import server_app, task  # noqa: E402
+from frp_flwr.coalitions import coalition_key  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -119,7 +120,7 @@ def test_utilities_are_pooled_held_out_accuracy_of_each_coalition_model():
     for members in [(), (0,), (2,), (0, 2), (0, 1, 2)]:
         model = task.coalition_run_model(initial, logs, frozenset(members))
         pooled = task.loss_and_accuracy(model, X, y)[1]
-        assert out.utilities["0"][task.coalition_key(frozenset(members))] == pytest.approx(pooled)
+        assert out.utilities["0"][coalition_key(frozenset(members))] == pytest.approx(pooled)
     round_2 = task.coalition_round_model(logs[1], frozenset({1}))
     assert out.utilities["2"]["1"] == pytest.approx(task.loss_and_accuracy(round_2, X, y)[1])
     assert out.models == 8 * 3 and len(out.utilities) == 3

@@ -422,31 +422,3 @@ def test_stack_and_unstack_models_round_trip():
     assert [a.shape for a in stacked] == [(5, 4, 3), (5, 3)]
     for model, restored in zip(models, back, strict=True):
         assert all(np.array_equal(x, y) for x, y in zip(model, restored, strict=True))
-
-
-@pytest.mark.parametrize("n", [9, 10, 13])
-def test_gtg_plan_covers_every_coalition_gtg_shapley_asks_for(n):
-    from accounting.contribution import gtg_shapley
-
-    method, coalitions, permutations = task.contribution_plan(n, seed=5)
-    planned = set(coalitions)
-    asked = set()
-    rng = np.random.default_rng(n)
-    values = {}
-
-    def utility(c):  # arbitrary values, so truncation and convergence vary
-        asked.add(c)
-        return values.setdefault(c, float(rng.uniform()) if c else 0.0)
-
-    gtg_shapley(n, utility, seed=5, max_permutations=permutations, eps=0.0)
-
-    assert method == "gtg"
-    assert asked <= planned, sorted(map(sorted, asked - planned))[:3]
-    assert {frozenset(range(n)) - {i} for i in range(n)} <= planned  # leave-one-out
-
-
-def test_plan_above_the_coalition_budget_keeps_one_cycle():
-    method, coalitions, permutations = task.contribution_plan(50)
-
-    assert (method, permutations) == ("gtg", 50)
-    assert len(coalitions) <= 50 * 50 + 52

@@ -46,6 +46,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
+from frp_flwr.coalitions import coalition_key, contribution_plan
 from frp_flwr.contract import (
     CallbackAnswer,
     CoalitionReply,
@@ -72,10 +73,8 @@ from frp_flwr.signing import SignatureError, job_key, master_key_from_environ, s
 from frp_flwr.task import (
     MAX_COALITION_MODELS,
     RoundLog,
-    coalition_key,
     coalition_models,
     combine_sums,
-    contribution_plan,
     init_params,
     sanitise,
     sort_classes,
@@ -379,7 +378,7 @@ def evaluate_contribution(
     """Score coalition models at every active site with one message each; return the event.
 
     ``players``: site ids, index = player number in ``rounds``. Models: the whole run for each
-    coalition of :func:`task.contribution_plan` (round key ``"0"``) and, while the message stays
+    coalition of :func:`coalitions.contribution_plan` (round key ``"0"``) and, while the message stays
     within ``MAX_COALITION_MODELS`` models, the same coalitions for every round ``t`` (key
     ``str(t)``, model ``w_{t−1} + Δ_S^t``). Utility = Σ_s n_s·acc_s(S) / Σ_s n_s over the sites
     that replied (``n_s`` held-out examples). A site whose reply does not fit the contract is left
@@ -472,15 +471,64 @@ def _site_round(entry: dict) -> SiteRound:
     )
 
 
-def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
-    """Discovery, FedAvg rounds and reporting for one job (see the module docstring)."""
-    spec = cfg.spec
-    poll = cfg.poll_interval
-    round_timeout = cfg.round_timeout
-    num_rounds = cfg.num_rounds
+@dataclass
+class _Run:
+    """What one run carries from step to step (see :func:`run_job`).
 
+    ``active``: site → node id of the sites still training (shrinks as sites drop);
+    ``node_site``/``player_of``: fixed at the start, for every site that began (``players``:
+    sorted site ids, index = contribution player); ``arrays``: the current global model;
+    ``config``: what every site gets with it (federated ``feature-mean``/``feature-std``, the
+    global ``classes``, ``server-round``); ``initial``: the starting weights and ``history``: one
+    :class:`task.RoundLog` per round (both for the contribution); ``last_eval``: each site's
+    latest evaluation; ``aggregate_eval``: the latest round's federated evaluation
+    (``eval_loss``, ``eval_accuracy``: finite or ``None``; ``eval_examples``).
+    """
+
+    grid: Grid
+    cfg: RunConfig
+    reporter: Reporter
+    active: dict[str, int]
+    arrays: ArrayRecord
+    config: ConfigRecord
+    classes: list[str]
+    node_site: dict[int, str]
+    players: list[str]
+    player_of: dict[str, int]
+    initial: list[np.ndarray]
+    strategy: FedAvg = field(
+        default_factory=lambda: FedAvg(
+            min_train_nodes=1, min_evaluate_nodes=1, min_available_nodes=1
+        )
+    )
+    history: list[RoundLog] = field(default_factory=list)
+    last_eval: dict[str, SiteEvaluation] = field(default_factory=dict)
+    aggregate_eval: dict = field(default_factory=dict)
+
+    def send_model(self, message_type: str, reply_type, sites_out: dict[str, dict]):
+        """:func:`fan_out` of the current model to the active sites, with the run's settings."""
+        return fan_out(
+            message_type,
+            self.arrays,
+            grid=self.grid,
+            active=self.active,
+            node_site=self.node_site,
+            config=self.config,
+            timeout=self.cfg.round_timeout,
+            poll=self.cfg.poll_interval,
+            sites_out=sites_out,
+            reply_type=reply_type,
+        )
+
+
+def _discover_sites(
+    grid: Grid, cfg: RunConfig, reporter: Reporter
+) -> tuple[dict[str, int], dict[str, tuple[SiteInfo, FeatureStats]]]:
+    """Step 1: find the job's sites, post ``started``; return ``(site→node of the ready sites,
+    their discovery replies)``. Raises ``JobFailed`` when fewer than ``min_sites`` are ready."""
+    spec = cfg.spec
     site_node, site_reply, site_error = discover(
-        grid, spec, timeout=cfg.discovery_timeout, poll=poll
+        grid, spec, timeout=cfg.discovery_timeout, poll=cfg.poll_interval
     )
     missing = sorted(set(spec.sites) - set(site_node))
     active = {s: n for s, n in site_node.items() if s not in site_error}
@@ -499,8 +547,18 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
             f"only {len(active)} of {len(spec.sites)} sites ready (need {spec.min_sites}); "
             + "; ".join(problems)
         )
+    return active, site_reply
 
-    # Federated standardisation and the global class list.
+
+def _start(
+    grid: Grid,
+    cfg: RunConfig,
+    reporter: Reporter,
+    active: dict[str, int],
+    site_reply: dict[str, tuple[SiteInfo, FeatureStats]],
+) -> _Run:
+    """Step 2: federated standardisation (``task.combine_sums`` of the ready sites' statistics),
+    the global class list and the initial model. Raises ``JobFailed`` for fewer than 2 classes."""
     mean, std = combine_sums(
         [
             (stats.num_examples, np.asarray(stats.mean), np.asarray(stats.m2))
@@ -511,141 +569,181 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
     if len(classes) < 2:
         raise JobFailed(f"the target has {len(classes)} class(es) across all sites; need 2 or more")
     arrays = ArrayRecord(init_params(len(mean), len(classes)))
-    config = ConfigRecord(
-        {"feature-mean": mean.tolist(), "feature-std": std.tolist(), "classes": classes}
-    )
-    strategy = FedAvg(min_train_nodes=1, min_evaluate_nodes=1, min_available_nodes=1)
-    node_site = {n: s for s, n in active.items()}
     players = sorted(active)  # contribution players: index = position
-    player_of = {s: i for i, s in enumerate(players)}
-    initial = _arrays(arrays)
-    history: list[RoundLog] = []
+    return _Run(
+        grid=grid,
+        cfg=cfg,
+        reporter=reporter,
+        active=active,
+        arrays=arrays,
+        config=ConfigRecord(
+            {"feature-mean": mean.tolist(), "feature-std": std.tolist(), "classes": classes}
+        ),
+        classes=classes,
+        node_site={n: s for s, n in active.items()},
+        players=players,
+        player_of={s: i for i, s in enumerate(players)},
+        initial=_arrays(arrays),
+    )
 
-    last_eval: dict[str, SiteEvaluation] = {}
-    aggregate_eval: dict = {}
-    for rnd in range(1, num_rounds + 1):
-        t0 = time.monotonic()
-        config["server-round"] = rnd
-        sites_out: dict[str, dict] = {s: {"node_id": str(n)} for s, n in active.items()}
 
-        fan = dict(
-            grid=grid,
-            active=active,
-            node_site=node_site,
-            config=config,
-            timeout=round_timeout,
-            poll=poll,
-            sites_out=sites_out,
+def _train_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> dict:
+    """Round step a: train at the active sites, log the round for the contribution and move the
+    global model to Flower's FedAvg aggregate. Returns the aggregated train metrics. A site's
+    outcome goes into ``sites_out``; with fewer than ``min_sites`` replies the round is posted
+    as partial and ``JobFailed`` raised."""
+    min_sites = run.cfg.spec.min_sites
+    train = run.send_model(MessageType.TRAIN, TrainReply, sites_out)
+    for node, (_, m) in train.items():
+        sites_out[run.node_site[node]].update(
+            ok=True,
+            train_examples=m.num_examples,
+            train_loss=m.train_loss,
+            cpu_seconds=m.cpu_seconds,
+            wall_seconds=m.wall_seconds,
+            bytes_received=m.bytes_received,
+            bytes_sent=m.bytes_sent,
         )
-        train = fan_out(MessageType.TRAIN, arrays, reply_type=TrainReply, **fan)
-        for node, (_, m) in train.items():
-            sites_out[node_site[node]].update(
-                ok=True,
-                train_examples=m.num_examples,
-                train_loss=m.train_loss,
-                cpu_seconds=m.cpu_seconds,
-                wall_seconds=m.wall_seconds,
-                bytes_received=m.bytes_received,
-                bytes_sent=m.bytes_sent,
-            )
-        if len(train) < spec.min_sites:
-            reporter.post(
-                Round(
-                    round=rnd,
-                    sites={s: _site_round(e) for s, e in sites_out.items()},
-                    partial=True,
-                )
-            )
-            raise JobFailed(
-                f"round {rnd}: {len(train)} of {len(active)} sites replied (need {spec.min_sites})"
-            )
-        history.append(
-            RoundLog(
-                start=_arrays(arrays),
-                updates={
-                    player_of[node_site[n]]: _arrays(r.content["arrays"])
-                    for n, (r, _) in train.items()
-                },
-                examples={player_of[node_site[n]]: m.num_examples for n, (_, m) in train.items()},
-            )
-        )
-        new_arrays, train_agg = strategy.aggregate_train(rnd, [r for r, _ in train.values()])
-        arrays = new_arrays
-
-        evaluation = fan_out(MessageType.EVALUATE, arrays, reply_type=EvaluateReply, **fan)
-        for node, (_, m) in evaluation.items():
-            site = node_site[node]
-            entry = sites_out[site]
-            entry.update(
-                eval_examples=m.num_examples,
-                eval_loss=m.eval_loss,
-                eval_accuracy=m.eval_accuracy,
-                cpu_seconds=entry.get("cpu_seconds", 0.0) + m.cpu_seconds,
-                wall_seconds=entry.get("wall_seconds", 0.0) + m.wall_seconds,
-                bytes_received=entry.get("bytes_received", 0) + m.bytes_received,
-                bytes_sent=entry.get("bytes_sent", 0) + m.bytes_sent,
-            )
-            last_eval[site] = SiteEvaluation(
-                eval_examples=m.num_examples, eval_loss=m.eval_loss, eval_accuracy=m.eval_accuracy
-            )
-        eval_agg = strategy.aggregate_evaluate(rnd, [r for r, _ in evaluation.values()]) or {}
-        aggregate_eval = {
-            "eval_loss": finite_or_none(eval_agg.get("eval-loss")),
-            "eval_accuracy": finite_or_none(eval_agg.get("eval-accuracy")),
-            "eval_examples": sum(int(e.get("eval_examples", 0)) for e in sites_out.values()),
-        }
-        answer = reporter.post(
+    if len(train) < min_sites:
+        run.reporter.post(
             Round(
                 round=rnd,
-                train_loss=finite_or_none((train_agg or {}).get("train-loss")),
-                train_examples=sum(int(e.get("train_examples", 0)) for e in sites_out.values()),
-                wall_seconds=time.monotonic() - t0,
                 sites={s: _site_round(e) for s, e in sites_out.items()},
-                **aggregate_eval,
+                partial=True,
             )
         )
-        # Drop sites that failed this round, and any the portal asks to drop (revoked grants).
-        failed = {s for s, e in sites_out.items() if e.get("ok") is False}
-        revoked = set(answer.drop_sites) & set(active)
-        for site in failed | revoked:
-            active.pop(site, None)
-        if rnd < num_rounds and len(active) < spec.min_sites:
-            why = [f"{s}: grant revoked" for s in sorted(revoked)] + [
-                f"{s}: {sites_out[s].get('error', 'failed')}" for s in sorted(failed)
-            ]
-            raise JobFailed(
-                f"after round {rnd}, {len(active)} site(s) remain, fewer than the job's minimum "
-                f"of {spec.min_sites} ({'; '.join(why)})"
-            )
-
-    if aggregate_eval.get("eval_loss") is None:
-        raise JobFailed("the final model's federated loss is not a finite number (it diverged)")
-    reporter.post(
-        Finished(
-            rounds=num_rounds,
-            sites=last_eval,
-            classes=classes,
-            model=[a.tolist() for a in arrays.to_numpy_ndarrays()],
-            **aggregate_eval,
+        raise JobFailed(
+            f"round {rnd}: {len(train)} of {len(run.active)} sites replied (need {min_sites})"
+        )
+    player = {n: run.player_of[run.node_site[n]] for n in train}
+    run.history.append(
+        RoundLog(
+            start=_arrays(run.arrays),
+            updates={player[n]: _arrays(r.content["arrays"]) for n, (r, _) in train.items()},
+            examples={player[n]: m.num_examples for n, (_, m) in train.items()},
         )
     )
-    if not cfg.contribution:
-        return
+    run.arrays, train_agg = run.strategy.aggregate_train(rnd, [r for r, _ in train.values()])
+    return train_agg or {}
+
+
+def _evaluate_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> None:
+    """Round step b: federated evaluation of the new global model at the active sites; each
+    site's figures (and metering, added to its training's) go into ``sites_out`` and
+    ``run.last_eval``, Flower's aggregate into ``run.aggregate_eval``."""
+    evaluation = run.send_model(MessageType.EVALUATE, EvaluateReply, sites_out)
+    for node, (_, m) in evaluation.items():
+        site = run.node_site[node]
+        entry = sites_out[site]
+        entry.update(
+            eval_examples=m.num_examples,
+            eval_loss=m.eval_loss,
+            eval_accuracy=m.eval_accuracy,
+            cpu_seconds=entry.get("cpu_seconds", 0.0) + m.cpu_seconds,
+            wall_seconds=entry.get("wall_seconds", 0.0) + m.wall_seconds,
+            bytes_received=entry.get("bytes_received", 0) + m.bytes_received,
+            bytes_sent=entry.get("bytes_sent", 0) + m.bytes_sent,
+        )
+        run.last_eval[site] = SiteEvaluation(
+            eval_examples=m.num_examples, eval_loss=m.eval_loss, eval_accuracy=m.eval_accuracy
+        )
+    eval_agg = run.strategy.aggregate_evaluate(rnd, [r for r, _ in evaluation.values()]) or {}
+    run.aggregate_eval = {
+        "eval_loss": finite_or_none(eval_agg.get("eval-loss")),
+        "eval_accuracy": finite_or_none(eval_agg.get("eval-accuracy")),
+        "eval_examples": sum(int(e.get("eval_examples", 0)) for e in sites_out.values()),
+    }
+
+
+def _drop_sites(run: _Run, rnd: int, sites_out: dict[str, dict], answer: CallbackAnswer) -> None:
+    """Round step d: drop the sites that failed this round and any the portal asks to drop
+    (revoked grants). Raises ``JobFailed`` when rounds remain and fewer than ``min_sites`` stay."""
+    min_sites = run.cfg.spec.min_sites
+    failed = {s for s, e in sites_out.items() if e.get("ok") is False}
+    revoked = set(answer.drop_sites) & set(run.active)
+    for site in failed | revoked:
+        run.active.pop(site, None)
+    if rnd < run.cfg.num_rounds and len(run.active) < min_sites:
+        why = [f"{s}: grant revoked" for s in sorted(revoked)] + [
+            f"{s}: {sites_out[s].get('error', 'failed')}" for s in sorted(failed)
+        ]
+        raise JobFailed(
+            f"after round {rnd}, {len(run.active)} site(s) remain, fewer than the job's minimum "
+            f"of {min_sites} ({'; '.join(why)})"
+        )
+
+
+def _round(run: _Run, rnd: int) -> None:
+    """One FedAvg round: train, evaluate, post the ``round`` event (step c), drop sites."""
+    t0 = time.monotonic()
+    run.config["server-round"] = rnd
+    sites_out: dict[str, dict] = {s: {"node_id": str(n)} for s, n in run.active.items()}
+    train_agg = _train_round(run, rnd, sites_out)
+    _evaluate_round(run, rnd, sites_out)
+    answer = run.reporter.post(
+        Round(
+            round=rnd,
+            train_loss=finite_or_none(train_agg.get("train-loss")),
+            train_examples=sum(int(e.get("train_examples", 0)) for e in sites_out.values()),
+            wall_seconds=time.monotonic() - t0,
+            sites={s: _site_round(e) for s, e in sites_out.items()},
+            **run.aggregate_eval,
+        )
+    )
+    _drop_sites(run, rnd, sites_out, answer)
+
+
+def _finish(run: _Run) -> None:
+    """Step 4: post ``finished`` with the final model. Raises ``JobFailed`` when the final
+    federated loss is not finite (the model diverged)."""
+    if run.aggregate_eval.get("eval_loss") is None:
+        raise JobFailed("the final model's federated loss is not a finite number (it diverged)")
+    run.reporter.post(
+        Finished(
+            rounds=run.cfg.num_rounds,
+            sites=run.last_eval,
+            classes=run.classes,
+            model=[a.tolist() for a in run.arrays.to_numpy_ndarrays()],
+            **run.aggregate_eval,
+        )
+    )
+
+
+def _report_contribution(run: _Run) -> None:
+    """Step 5: :func:`evaluate_contribution` at the remaining sites, posted as ``contribution``;
+    a failure is posted in the event (never raised: the trained model stands regardless)."""
     try:
         event = evaluate_contribution(
-            grid=grid,
-            players=players,
-            initial=initial,
-            rounds=history,
-            active=active,
-            config=config,
-            timeout=round_timeout,
-            poll=poll,
+            grid=run.grid,
+            players=run.players,
+            initial=run.initial,
+            rounds=run.history,
+            active=run.active,
+            config=run.config,
+            timeout=run.cfg.round_timeout,
+            poll=run.cfg.poll_interval,
         )
     except Exception as exc:  # contribution is an add-on: the trained model stands regardless
         log.warning("contribution evaluation failed: %s", exc)
-        event = Contribution(players=players, error=sanitise(f"{exc}", limit=1000))
-    reporter.post(event)
+        event = Contribution(players=run.players, error=sanitise(f"{exc}", limit=1000))
+    run.reporter.post(event)
+
+
+def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
+    """Discovery, FedAvg rounds and reporting for one job (see the module docstring).
+
+    Steps: :func:`_discover_sites` (``started``), :func:`_start` (standardisation, classes,
+    initial model), ``num_rounds`` × :func:`_round` (train, evaluate, ``round``, drop sites),
+    :func:`_finish` (``finished``) and, unless ``cfg.contribution`` is off,
+    :func:`_report_contribution`. Raises ``JobFailed`` with the reason the run cannot go on.
+    """
+    active, site_reply = _discover_sites(grid, cfg, reporter)
+    run = _start(grid, cfg, reporter, active, site_reply)
+    for rnd in range(1, cfg.num_rounds + 1):
+        _round(run, rnd)
+    _finish(run)
+    if cfg.contribution:
+        _report_contribution(run)
 
 
 def reporter_for(cfg: RunConfig, *, run_id: int, environ=None) -> Reporter:

@@ -242,12 +242,6 @@ def train_sgd(
 # Contribution: coalition models rebuilt from the logged rounds (no retraining)
 # ---------------------------------------------------------------------------------------------
 
-#: Most sites for which every coalition (2^n) is evaluated; above it, GTG-Shapley's coalitions.
-EXACT_MAX_SITES = 8
-
-#: Ceiling on whole-run coalitions when sampling (GTG-Shapley).
-MAX_SAMPLED_COALITIONS = 2048
-
 #: Per-round coalition models are added to the one evaluation message only while the message holds
 #: at most this many models in all (whole run + every round).
 MAX_COALITION_MODELS = 8192
@@ -328,53 +322,6 @@ def coalition_models(
         for acc, d in zip(weights, step, strict=True):
             acc += d
     return weights, per_round
-
-
-def coalition_key(coalition: frozenset[int]) -> str:
-    """A coalition as text: member indices, ascending, comma-separated (``""`` is the empty one)."""
-    return ",".join(str(i) for i in sorted(coalition))
-
-
-def guided_permutations(n: int, count: int, seed: int) -> list[list[int]]:
-    """The permutations GTG-Shapley samples (Liu et al. 2022, guided sampling), in its order.
-
-    Permutation ``k`` puts player ``k mod n`` first and the others in the order of
-    ``numpy.random.default_rng(seed).permutation`` — the same generator calls as
-    ``accounting.contribution.gtg_shapley``, so the portal's GTG-Shapley asks only for prefixes
-    of these permutations (a test checks the two stay in step).
-    """
-    rng = np.random.default_rng(seed)
-    out = []
-    for k in range(count):
-        leader = k % n
-        others = np.array([p for p in range(n) if p != leader], dtype=np.int64)
-        out.append([leader, *rng.permutation(others).tolist()])
-    return out
-
-
-def contribution_plan(n: int, *, seed: int = 0) -> tuple[str, list[frozenset[int]], int]:
-    """Which whole-run coalitions to evaluate for ``n`` players.
-
-    Returns ``(method, coalitions, permutations)``: ``"exact"`` with all ``2^n`` coalitions when
-    ``n <= EXACT_MAX_SITES``; else ``"gtg"`` with ∅, N, every N∖{i} (leave-one-out) and every
-    prefix of the first ``permutations`` guided permutations — at least one whole cycle of ``n``,
-    at most ``max(30, n)`` rounded up to whole cycles, fewer when the prefixes would exceed
-    ``MAX_SAMPLED_COALITIONS``. Coalitions are distinct, sorted by size then members.
-    """
-    everyone = frozenset(range(n))
-    if n <= EXACT_MAX_SITES:
-        coalitions = {frozenset(i for i in range(n) if mask >> i & 1) for mask in range(1 << n)}
-        return "exact", sorted(coalitions, key=lambda c: (len(c), sorted(c))), 0
-    wanted = -(-max(30, n) // n) * n
-    fixed = {frozenset(), everyone, *(everyone - {i} for i in range(n))}
-    per_cycle = n * n  # new prefixes at most, per cycle of n permutations
-    cycles = max(1, min(wanted // n, (MAX_SAMPLED_COALITIONS - len(fixed)) // per_cycle))
-    permutations = cycles * n
-    coalitions = set(fixed)
-    for order in guided_permutations(n, permutations, seed):
-        for k in range(1, n + 1):
-            coalitions.add(frozenset(order[:k]))
-    return "gtg", sorted(coalitions, key=lambda c: (len(c), sorted(c))), permutations
 
 
 def stack_models(models: list[list[np.ndarray]]) -> list[np.ndarray]:
