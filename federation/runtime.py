@@ -53,6 +53,8 @@ class LocalSite:
     keyring: str
     received_log: str = ""  # optional: the ClientApp appends every message it receives here
     auth_key: str = ""  # the SuperNode's private key (made on first start when missing)
+    netns: str = ""  # a network namespace standing for the site's own host (multi-host test)
+    superlink_host: str = ""  # the SuperLink's address as that host dials it (default: ours)
 
 
 @dataclass
@@ -142,12 +144,16 @@ def write_state_control_config(flwr_home: Path, name: str, state: FederationStat
     )
 
 
-def superlink_tls(root: Path, host: str) -> tuple[pki.CertificateAuthority, pki.ServerCertificate]:
+def superlink_tls(
+    root: Path, host: str, extra_names: list[str] | None = None
+) -> tuple[pki.CertificateAuthority, pki.ServerCertificate]:
     """The CA under ``<root>/pki`` (made on first use) and a fresh SuperLink certificate for
-    ``host``, ``127.0.0.1`` and ``localhost``."""
+    ``host``, ``127.0.0.1``, ``localhost`` and ``extra_names`` (a wildcard bind address is left
+    out: nobody dials it)."""
     ca = pki.ca_load_or_create(root / "pki")
+    names = [h for h in [host, "127.0.0.1", "localhost", *(extra_names or [])] if h != "0.0.0.0"]  # noqa: S104
     cert = pki.server_certificate_issue(
-        ca, root / "pki", name="superlink", hosts=[host, "127.0.0.1", "localhost"], replace=True
+        ca, root / "pki", name="superlink", hosts=names, replace=True
     )
     return ca, cert
 
@@ -160,6 +166,7 @@ def start(
     superlink_env: dict[str, str] | None = None,
     insecure: bool = False,
     node_auth: bool | None = None,
+    tls_names: list[str] | None = None,
 ) -> FederationState:
     """Start a SuperLink and one SuperNode per site under ``root``; return their state.
 
@@ -170,7 +177,9 @@ def start(
     ``<root>/node-keys/<site>.key``, made on first start) is registered before its SuperNode
     starts (``register_nodes``). Raises ``RuntimeError_`` (after stopping what it started) when a
     process does not come up or a key cannot be registered, ``pki.PkiError`` when the CA is
-    unusable.
+    unusable. ``host="0.0.0.0"`` listens on every interface (sites in other network namespaces
+    dial it at the addresses in ``tls_names``, which the certificate names); the portal then uses
+    ``127.0.0.1``.
     """
     node_auth = (not insecure) if node_auth is None else node_auth
     for folder in (root, root / "logs"):
@@ -182,7 +191,7 @@ def start(
     if insecure:
         ca_cert, tls_args = "", ["--insecure"]
     else:
-        ca, cert = superlink_tls(root, host)
+        ca, cert = superlink_tls(root, host, tls_names)
         ca_cert = str(ca.cert)
         tls_args = [
             f"--ssl-ca-certfile={ca.cert}",
@@ -210,7 +219,7 @@ def start(
     )
     state = FederationState(
         root=str(root),
-        superlink_address=f"{host}:{port}",
+        superlink_address=f"{'127.0.0.1' if host == '0.0.0.0' else host}:{port}",  # noqa: S104
         superlink_pid=superlink_proc.pid,
         logs={"superlink": str(sl_log)},
         ca_cert=ca_cert,
@@ -218,11 +227,11 @@ def start(
         node_auth=node_auth,
     )
     try:
-        _wait_port(host, port, 60, superlink_proc, sl_log)
+        _wait_port(state.superlink_address.rpartition(":")[0], port, 60, superlink_proc, sl_log)
         if node_auth:
             state.node_ids = register_nodes(state, sites)
         for site in sites:
-            start_supernode(state, site, host=host)
+            start_supernode(state, site)
     except Exception:
         stop(state)
         raise
@@ -290,7 +299,8 @@ def register_nodes(state: FederationState, sites: list[LocalSite]) -> dict[str, 
 def start_supernode(state: FederationState, site: LocalSite, *, host: str = "127.0.0.1") -> int:
     """Start ``site``'s SuperNode against ``state``'s SuperLink; record and return its pid.
 
-    Raises ``RuntimeError_`` when it does not come up.
+    With ``site.netns`` it runs inside that network namespace (``ip netns exec``) and dials
+    ``site.superlink_host``. Raises ``RuntimeError_`` when it does not come up.
     """
     logs = Path(state.root) / "logs"
     node_port = free_port(host)
@@ -298,8 +308,10 @@ def start_supernode(state: FederationState, site: LocalSite, *, host: str = "127
     config = {"site": site.site, "store": site.store_url, "keyring": site.keyring}
     if site.received_log:
         config["received-log"] = site.received_log
+    port = state.superlink_address.rpartition(":")[2]
+    address = f"{site.superlink_host}:{port}" if site.superlink_host else state.superlink_address
     args = supernode.command(
-        state.superlink_address,
+        address,
         node_config=config,
         ca_cert=state.ca_cert or None,
         auth_key=site_auth_key(state, site) if state.node_auth else None,
@@ -308,6 +320,8 @@ def start_supernode(state: FederationState, site: LocalSite, *, host: str = "127
         executable=_bin("flower-supernode"),
         insecure=state.insecure,
     )
+    if site.netns:
+        args = ["ip", "netns", "exec", site.netns, *args]
     proc = subprocess.Popen(
         args,
         env=_env(Path(state.root) / f"supernode-{site.site}-home"),
@@ -318,8 +332,30 @@ def start_supernode(state: FederationState, site: LocalSite, *, host: str = "127
     )
     state.supernodes[site.site] = proc.pid
     state.logs[f"supernode-{site.site}"] = str(log)
-    _wait_port(host, node_port, 60, proc, log)
+    if site.netns:
+        _wait_port_in(site.netns, node_port, 60, proc, log)
+    else:
+        _wait_port(host, node_port, 60, proc, log)
     return proc.pid
+
+
+def _wait_port_in(netns: str, port: int, timeout: float, proc: subprocess.Popen, log: Path) -> None:
+    """``_wait_port`` on 127.0.0.1 inside network namespace ``netns``."""
+    probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=1)"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise RuntimeError_(f"process exited with {proc.returncode}; log tail:\n{tail}")
+        done = subprocess.run(
+            ["ip", "netns", "exec", netns, sys.executable, "-c", probe],
+            capture_output=True,
+            check=False,
+        )
+        if done.returncode == 0:
+            return
+        time.sleep(0.2)
+    raise RuntimeError_(f"nothing listening on {netns}:127.0.0.1:{port} after {timeout:.0f} s")
 
 
 def load_state(root: Path) -> FederationState:
