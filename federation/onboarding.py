@@ -301,3 +301,29 @@ def site_nodes_state(*, sites) -> tuple[list[NodeRow], str]:
             )
         )
     return rows, error
+
+
+def site_node_record(*, site: Site, public_key: str, node_id: str) -> SiteNode:
+    """Record a SuperNode key that was registered with the SuperLink elsewhere (the local
+    runtime registers the keys of the sites beside the portal itself); idempotent."""
+    key = nodekey.public_key_check(public_key)
+    with transaction.atomic():
+        current = SiteNode.objects.select_for_update().filter(
+            site=site, status=SiteNodeStatus.REGISTERED
+        )
+        if any(n.node_id == str(node_id) for n in current):
+            return next(n for n in current if n.node_id == str(node_id))
+        current.update(status=SiteNodeStatus.UNREGISTERED, unregistered_at=timezone.now())
+        SiteNode.objects.filter(node_id=str(node_id)).delete()  # a stale row of a reset SuperLink
+        node = SiteNode.objects.create(
+            site=site, public_key=key, fingerprint=nodekey.fingerprint(key), node_id=str(node_id)
+        )
+        audit_record(
+            by=None,
+            action="site.supernode_register",
+            target=site,
+            institution=site.institution,
+            node_id=str(node_id),
+            fingerprint=node.fingerprint,
+        )
+    return node

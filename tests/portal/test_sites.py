@@ -106,3 +106,19 @@ def test_other_institutions_admin_gets_404():
     assert client.get(reverse("sites:node_state", args=[site.slug])).status_code == 404
     site.refresh_from_db()
     assert not site.is_revoked and not SiteCredential.objects.exists()
+
+
+def test_local_runtime_registration_recorded_once(tmp_path):
+    from federation.models import SiteNode, SiteNodeStatus
+    from federation.onboarding import site_node_record, site_nodes_state
+    from frp_site import nodekey
+
+    site = SiteFactory()
+    first = nodekey.key_pair_create(tmp_path / "a.key")
+    node = site_node_record(site=site, public_key=first, node_id="111")
+    assert site_node_record(site=site, public_key=first, node_id="111") == node
+    second = nodekey.key_pair_create(tmp_path / "b.key")
+    site_node_record(site=site, public_key=second, node_id="222")
+    states = dict(SiteNode.objects.values_list("node_id", "status"))
+    assert states == {"111": SiteNodeStatus.UNREGISTERED, "222": SiteNodeStatus.REGISTERED}
+    assert site_nodes_state(sites=[SiteFactory()])[0][0].state == "no key"  # asks no SuperLink

@@ -7,8 +7,10 @@ TLS is always on (a platform CA under ``FRP_VAR_DIR/federation/pki``, made on fi
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from federation import callbacks, pki, runtime
+from federation import callbacks, onboarding, pki, runtime
 from federation.selectors import local_sites
+from frp_site import nodekey
+from portal.models import Site
 
 
 class Command(BaseCommand):
@@ -48,6 +50,14 @@ class Command(BaseCommand):
         runtime.write_state_control_config(
             settings.FRP_FLWR_HOME, settings.FRP_FEDERATION_NAME, state
         )
+        # The admin pages show these SuperNodes like any other (registered by the runtime itself).
+        for site in sites:
+            if site.site in state.node_ids:
+                onboarding.site_node_record(
+                    site=Site.objects.get(slug=site.site),
+                    public_key=nodekey.public_key_of(runtime.site_auth_key(state, site)),
+                    node_id=state.node_ids[site.site],
+                )
         tls = "plain HTTP (development)" if insecure else f"TLS, CA {state.ca_cert}"
         self.stdout.write(
             f"SuperLink at {state.superlink_address} ({tls}); "
