@@ -131,9 +131,10 @@ def write_control_config(
         if root_certificates
         else "insecure = true\n"
     )
-    path.write_text(
-        f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "{address}"\n{tls}'
-    )
+    text = f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "{address}"\n{tls}'
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+        fh.write(text)
+    os.chmod(path, 0o600)
     return path
 
 
@@ -255,6 +256,7 @@ def site_auth_key(state: FederationState, site: LocalSite) -> Path:
     )
     if not path.exists():
         nodekey.key_pair_create(path, comment=site.site)
+        os.chmod(f"{path}.pub", 0o600)  # everything under the runtime's root is private
     return path
 
 
