@@ -56,6 +56,14 @@ class UsageRecord(models.Model):
     gpus = models.PositiveIntegerField(default=0)
     flower_compute_seconds = models.FloatField(null=True, blank=True)
     flower_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    energy_kwh = models.FloatField(
+        null=True, blank=True, help_text="CPU seconds × the pool's W per core (kWh)."
+    )
+    emissions_g = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Energy × the grid's mean intensity during the run (gCO2e).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -30,7 +30,14 @@ of each (one round; ``--warmup 0`` skips it):
   the database (read every 0.1 s, so this observer adds at most 0.1 s; the job page a user watches
   polls every 2 s on top of that, which is not counted).
 
-Both arms use the same SuperLink, SuperNodes, datasets, rounds and hyper-parameters. Per run the
+* **flower** (issue 12; ``--no-flower-defaults`` skips it) — the raw arm again, on a SECOND
+  federation of the same sites started with Flower's defaults (``runtime.start(...,
+  superexec_poll=None)``: SuperExec task poll 1 s), with main's round structure as the app has it:
+  what a Flower user gets from ``flwr run`` out of the box. Reported: portal/flower (target ≤ 0.5)
+  and the portal's job time / the sites' handler time (the ClientApps' metered wall seconds on the
+  slowest site of each round, summed: the limit no orchestration can beat).
+
+The raw and portal arms use the same SuperLink, SuperNodes, datasets, rounds and hyper-parameters. Per run the
 table splits the wall time into: *queue* (portal only: ``job_submit`` → the worker starts the
 launch, ``job.started_at``), *submit* (``flwr run`` until the run id is known — for the portal the
 ``job.launch`` audit event), *run* (the SuperLink's own running → finished time of the run, ``flwr ls``
@@ -74,6 +81,7 @@ sys.path.insert(0, str(ROOT))
 from federation import runtime  # noqa: E402  (no Django: safe before django.setup())
 
 TARGET_RATIO = 1.10
+TARGET_FLOWER_RATIO = 0.5  # issue 12: the portal's job / raw ``flwr run`` on Flower's defaults
 DB_POLL_SECONDS = 0.1
 PROC = Path("/proc")
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -197,6 +205,100 @@ class MemorySampler(threading.Thread):
         peaks = self.peaks.setdefault(phase, {})
         for name, kb in sums.items():
             peaks[name] = max(peaks.get(name, 0), kb)
+
+
+# ---------------------------------------------------------------------------------------------
+# Phases: the SuperNodes' log lines, time-stamped as they are written
+# ---------------------------------------------------------------------------------------------
+
+
+class LogStamper(threading.Thread):
+    """Reads the SuperNodes' logs every 20 ms and stamps each message's arrival and reply.
+
+    flwr 1.42's SuperNode logs ``Receiving: <type> message`` / ``Received successfully`` when it has
+    pulled a message (and its objects) and ``Sending: <type> message`` when it pushes the reply,
+    without times. ``events`` holds ``(monotonic time, log, "recv" | "sent", message type)``.
+    """
+
+    def __init__(self, logs: dict[str, Path], interval: float = 0.02):
+        super().__init__(name="log-stamper", daemon=True)
+        self.logs, self.interval = logs, interval
+        self.events: list[tuple[float, str, str, str]] = []
+        self._offsets = {k: (p.stat().st_size if p.exists() else 0) for k, p in logs.items()}
+        self._partial = dict.fromkeys(logs, "")
+        self._last_type = dict.fromkeys(logs, "")
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def run(self) -> None:
+        while not self._halt.wait(self.interval):
+            now = time.monotonic()
+            for key, path in self.logs.items():
+                with contextlib.suppress(OSError):
+                    with path.open("rb") as fh:
+                        fh.seek(self._offsets[key])
+                        chunk = fh.read()
+                    self._offsets[key] += len(chunk)
+                    text = self._partial[key] + chunk.decode(errors="replace")
+                    *lines, self._partial[key] = text.split("\n")
+                    for line in lines:
+                        self._line(now, key, line)
+
+    def _line(self, now: float, key: str, line: str) -> None:
+        if "Receiving: " in line:
+            self._last_type[key] = line.split("Receiving: ", 1)[1].split(" message", 1)[0]
+        elif "Received successfully" in line:
+            self.events.append((now, key, "recv", self._last_type[key]))
+        elif "Sending: " in line:
+            mtype = line.split("Sending: ", 1)[1].split(" message", 1)[0]
+            self.events.append((now, key, "sent", mtype))
+
+
+def phases(
+    events: list[tuple[float, str, str, str]], nodes: list[str], t0: float, t1: float
+) -> dict:
+    """Per-phase split of one run from the SuperNodes' stamped log lines (``LogStamper``).
+
+    A phase is one message type sent to every node (query, train, evaluate, …). Per node and
+    phase: *ClientApp* = reply sent − message received (the SuperExec's task poll, a new
+    interpreter with flwr's imports, the app's load, the handler, the reply's upload);
+    *between* = message received − the previous phase's last reply sent by any node (the
+    ServerApp's poll for replies, its aggregation and push, the SuperNode's idle poll, 3 s in
+    flwr 1.42). Returns ``{"phases": [type, …], "clientapp": [s, …], "between": [s, …],
+    "start": s until the first message arrived, "end": s after the last reply}``; empty when the
+    logs said nothing in ``[t0, t1]``.
+    """
+    seq: dict[str, list[tuple[float, float, str]]] = {}
+    pending: dict[str, float] = {}
+    for t, key, kind, mtype in events:
+        if not t0 <= t <= t1 or key not in nodes:
+            continue
+        if kind == "recv":
+            pending[key] = t
+        elif key in pending:
+            seq.setdefault(key, []).append((pending.pop(key), t, mtype))
+    if not seq:
+        return {}
+    n = min(len(v) for v in seq.values())
+    clientapp, between, types = [], [], []
+    for k in range(n):
+        types.append(next(iter(seq.values()))[k][2])
+        for node in seq:
+            recv, sent, _ = seq[node][k]
+            clientapp.append(sent - recv)
+            if k:
+                between.append(recv - max(v[k - 1][1] for v in seq.values()))
+    first = min(v[0][0] for v in seq.values())
+    last = max(v[n - 1][1] for v in seq.values())
+    return {
+        "phases": types,
+        "clientapp": clientapp,
+        "between": between,
+        "start": first - t0,
+        "end": t1 - last,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,6 +448,9 @@ class World:
     worker_log: Path
     queue_dir: Path
     sampler: MemorySampler | None = None
+    flower_home: Path | None = None  # FLWR_HOME naming the federation on Flower's defaults
+    stamper: LogStamper | None = None
+    nodes: dict[str, list[str]] = field(default_factory=dict)  # arm → its SuperNodes' log keys
 
     def timing_over(self) -> None:
         """Stop attributing memory to the arm (what follows is the benchmark's own bookkeeping)."""
@@ -353,9 +458,10 @@ class World:
             self.sampler.phase = None
 
 
-def _flwr(world: World, args: list[str]) -> dict:
-    """One raw ``flwr`` CLI call with ``--format json``; returns its JSON (raises unless success)."""
-    env = dict(os.environ, FLWR_HOME=str(world.flwr_home), FLWR_TELEMETRY_ENABLED="0")
+def _flwr(world: World, args: list[str], home: Path | None = None) -> dict:
+    """One raw ``flwr`` CLI call with ``--format json``; returns its JSON (raises unless success).
+    ``home``: the ``FLWR_HOME`` naming the SuperLink (default: the portal's)."""
+    env = dict(os.environ, FLWR_HOME=str(home or world.flwr_home), FLWR_TELEMETRY_ENABLED="0")
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     flwr = Path(sys.executable).with_name("flwr")
     proc = subprocess.run(
@@ -404,8 +510,21 @@ def raw_run_config(world: World, rounds: int, args: argparse.Namespace) -> dict:
     return config
 
 
-def run_raw(world: World, rounds: int, args: argparse.Namespace) -> RunResult:
-    """``flwr run`` the Flower App with the job's run config; poll ``flwr ls`` until it finishes."""
+def run_flower(world: World, rounds: int, args: argparse.Namespace) -> RunResult:
+    """The raw arm on the second federation, which runs on Flower's defaults."""
+    return run_raw(world, rounds, args, home=world.flower_home, arm="flower")
+
+
+def run_raw(
+    world: World,
+    rounds: int,
+    args: argparse.Namespace,
+    *,
+    home: Path | None = None,
+    arm: str = "raw",
+) -> RunResult:
+    """``flwr run`` the Flower App with the job's run config; poll ``flwr ls`` until it finishes
+    (on the portal's federation, or the one ``home`` names)."""
     from federation.superlink import _toml_value  # the serialisation the portal uses
 
     config = raw_run_config(world, rounds, args)
@@ -413,7 +532,7 @@ def run_raw(world: World, rounds: int, args: argparse.Namespace) -> RunResult:
     toml.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in config.items()))
 
     t0 = time.monotonic()
-    payload = _flwr(world, ["run", str(world.app_dir), world.federation, "-c", str(toml)])
+    payload = _flwr(world, ["run", str(world.app_dir), world.federation, "-c", str(toml)], home)
     run_id = str(payload.get("run-id", ""))
     t_submitted = time.monotonic()
     if not run_id:
@@ -422,11 +541,11 @@ def run_raw(world: World, rounds: int, args: argparse.Namespace) -> RunResult:
     while True:
         time.sleep(max(0.0, next_poll - time.monotonic()))
         next_poll += world.poll  # fixed rate, like Celery beat; back to back if a call is slower
-        run = _flwr(world, ["ls", world.federation, "--run-id", run_id])["runs"][0]
+        run = _flwr(world, ["ls", world.federation, "--run-id", run_id], home)["runs"][0]
         if str(run.get("status", "")).startswith("finished"):
             break
         if time.monotonic() - t0 > world.timeout:
-            _flwr(world, ["stop", run_id, world.federation])
+            _flwr(world, ["stop", run_id, world.federation], home)
             raise BenchmarkError(f"raw run {run_id} did not finish within {world.timeout:.0f} s")
         next_poll = max(next_poll, time.monotonic())
     total = time.monotonic() - t0
@@ -434,7 +553,7 @@ def run_raw(world: World, rounds: int, args: argparse.Namespace) -> RunResult:
     if run["status"] != "finished:completed":
         raise BenchmarkError(f"raw run {run_id} ended {run['status']}: {run.get('status-details')}")
     return RunResult(
-        arm="raw",
+        arm=arm,
         rounds=rounds,
         total=total,
         submit=t_submitted - t0,
@@ -446,7 +565,7 @@ def run_raw(world: World, rounds: int, args: argparse.Namespace) -> RunResult:
 def run_portal(world: World, rounds: int, args: argparse.Namespace) -> RunResult:
     """Submit through ``job_submit``; wait until the job is terminal in the database."""
     from federation import services, superlink
-    from federation.models import FederatedJob, JobStatus, RoundMetric
+    from federation.models import FederatedJob, JobStatus, RoundMetric, SiteRoundMetric
     from portal.models import AuditEvent
 
     t0_wall = time.time()
@@ -485,6 +604,15 @@ def run_portal(world: World, rounds: int, args: argparse.Namespace) -> RunResult
         for w in RoundMetric.objects.filter(job=job).values_list("wall_seconds", flat=True)
         if w is not None
     ]
+    # The sites' own work: each ClientApp meters its handlers (wall and CPU seconds of the
+    # train and evaluate messages of a round, summed); a round waits for its slowest site.
+    per_round: dict[int, list[tuple[float, float]]] = {}
+    for rnd, wall, cpu in SiteRoundMetric.objects.filter(job_site__job=job).values_list(
+        "round", "wall_seconds", "cpu_seconds"
+    ):
+        per_round.setdefault(rnd, []).append((wall, cpu))
+    handler_wall = sum(max(w for w, _ in sites) for sites in per_round.values())
+    handler_cpu = sum(c for sites in per_round.values() for _, c in sites)
     return RunResult(
         arm="portal",
         rounds=rounds,
@@ -493,7 +621,13 @@ def run_portal(world: World, rounds: int, args: argparse.Namespace) -> RunResult
         run=float(run.raw["elapsed"]),
         queue=queue,
         run_id=job.flower_run_id,
-        extra={"job_id": job.pk, "rounds_reported": len(round_walls)},
+        extra={
+            "job_id": job.pk,
+            "rounds_reported": len(round_walls),
+            "handler_wall": handler_wall,
+            "handler_cpu": handler_cpu,
+            "server_round_walls": round_walls,
+        },
     )
 
 
@@ -544,6 +678,7 @@ def report(
 
     raw_t, portal_t = med("raw", "total"), med("portal", "total")
     ratio = portal_t / raw_t
+    flower_t = med("flower", "total") if any(r.arm == "flower" for r in results) else None
     raws = [r for r in results if r.arm == "raw"]
     portals = [r for r in results if r.arm == "portal"]
     paired = [p.total / r.total for r, p in zip(raws, portals, strict=False)]
@@ -575,6 +710,25 @@ def report(
         f"{'met' if ratio <= TARGET_RATIO else 'NOT met'}); paired ratios: "
         + ", ".join(f"{x:.3f}" for x in paired)
     )
+    if flower_t is not None:
+        flowers = [r for r in results if r.arm == "flower"]
+        paired_f = [p.total / f.total for f, p in zip(flowers, portals, strict=False)]
+        print(
+            f"ratio of medians portal/flower (raw flwr run on Flower's defaults) = "
+            f"{portal_t / flower_t:.3f}  (target ≤ {TARGET_FLOWER_RATIO:.2f}: "
+            f"{'met' if portal_t / flower_t <= TARGET_FLOWER_RATIO else 'NOT met'}); paired: "
+            + ", ".join(f"{x:.3f}" for x in paired_f)
+        )
+    walls = [r.extra["handler_wall"] for r in portals if r.extra.get("handler_wall")]
+    if walls:
+        hw = statistics.median(walls)
+        hc = statistics.median(r.extra["handler_cpu"] for r in portals)
+        print(
+            f"ratio portal job time / the sites' handler time = {portal_t / hw:.1f}  (the limit "
+            f"this is bounded by: the handlers' wall time on the slowest site of each round, "
+            f"summed, {hw:.2f} s; all sites' handler CPU {hc:.2f} CPU-s; metered by the "
+            "ClientApps)"
+        )
 
     others = [r.cpu_other for r in results if r.cpu_other is not None]
     if others and max(others) > 0.25:
@@ -583,6 +737,43 @@ def report(
             "runs; the times are disturbed by it (compare the paired ratios and the other-CPU "
             "column; more --repeat helps)."
         )
+
+    split = [r for r in results if r.extra.get("phases")]
+    if split:
+        print()
+        print(
+            "Per phase (one message type sent to every site), from the SuperNodes' log lines "
+            "stamped as written (every 20 ms), medians over sites and phases of each run:"
+        )
+        head = (
+            f"  {'arm':<7} {'phases':>6} {'start s':>8} {'between s':>10} {'ClientApp s':>12} "
+            f"{'end s':>7}  message types"
+        )
+        print(head)
+        for r in split:
+            ph = r.extra["phases"]
+            between = statistics.median(ph["between"]) if ph["between"] else float("nan")
+            print(
+                f"  {r.arm:<7} {len(ph['phases']):>6} {ph['start']:>8.2f} {between:>10.2f} "
+                f"{statistics.median(ph['clientapp']):>12.2f} {ph['end']:>7.2f}  "
+                + ", ".join(ph["phases"])
+            )
+        handler = [
+            r.extra["handler_wall"] / (2 * r.rounds) for r in portals if r.extra.get("handler_wall")
+        ]
+        print(
+            "  start = submission → the first message at a site (portal: queue, admission, flwr "
+            "run, ServerApp start; raw: flwr run, ServerApp start); between = a phase's last reply "
+            "sent → the next message received (ServerApp poll, aggregation, push, SuperNode idle "
+            "poll — 3 s in flwr 1.42, no setting); ClientApp = message received → reply sent "
+            "(SuperExec task poll, a new interpreter with flwr's imports, app load, handler, "
+            "upload); end = the last reply → completion seen (ServerApp end, status check)."
+        )
+        if handler:
+            print(
+                f"  the handler itself (metered by the ClientApp, per train or evaluate message, "
+                f"slowest site): {statistics.median(handler):.3f} s"
+            )
 
     if sampler is not None and sampler.peaks:
         print()
@@ -626,6 +817,17 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="use kombu's filesystem transport as is (its write race can stop the worker)",
     )
     p.add_argument("--check", action="store_true", help=f"exit 1 if the ratio > {TARGET_RATIO}")
+    p.add_argument(
+        "--superexec-poll",
+        type=float,
+        default=runtime.SUPEREXEC_POLL_SECONDS,
+        help="the portal's federation: SuperExec task poll, s (default: the portal's)",
+    )
+    p.add_argument(
+        "--no-flower-defaults",
+        action="store_true",
+        help="skip the third arm (raw flwr run on a second federation with Flower's defaults)",
+    )
     return p.parse_args(argv)
 
 
@@ -667,7 +869,8 @@ def main(argv: list[str] | None = None) -> int:
         patch_kombu_filesystem_put()  # this process publishes job_launch
     logs = tmp / "logs"
     logs.mkdir()
-    state = web = worker = None
+    state = web = worker = world = None
+    states: list = []
     sampler = MemorySampler() if MemorySampler.available() else None
     ok = interrupted = False
     ratio = float("nan")
@@ -703,8 +906,12 @@ def main(argv: list[str] | None = None) -> int:
         )
 
         state = runtime.start(
-            var / "federation", local_sites(), superlink_env=callbacks.serverapp_environment()
+            var / "federation",
+            local_sites(),
+            superlink_env=callbacks.serverapp_environment(),
+            superexec_poll=args.superexec_poll,
         )
+        states.append(state)
         runtime.write_state_control_config(
             settings.FRP_FLWR_HOME, settings.FRP_FEDERATION_NAME, state
         )
@@ -713,6 +920,23 @@ def main(argv: list[str] | None = None) -> int:
             f"{', '.join(f'{s} (pid {p})' for s, p in state.supernodes.items())}",
             flush=True,
         )
+        flower_state = None
+        if not args.no_flower_defaults:
+            flower_state = runtime.start(
+                var / "federation-flower-defaults",
+                local_sites(),
+                superlink_env=callbacks.serverapp_environment(),
+                superexec_poll=None,
+            )
+            states.append(flower_state)
+            runtime.write_state_control_config(
+                var / "flwr-flower-defaults", settings.FRP_FEDERATION_NAME, flower_state
+            )
+            print(
+                f"[setup] second federation on Flower's defaults (SuperExec poll 1 s): SuperLink "
+                f"{flower_state.superlink_address}",
+                flush=True,
+            )
         web_log, worker_log = logs / "web.log", logs / "worker.log"
         manage = str(ROOT / "manage.py")
         web = _start(
@@ -750,6 +974,11 @@ def main(argv: list[str] | None = None) -> int:
                 **{f"SuperNode {s} + ClientApps": [p] for s, p in state.supernodes.items()},
                 "portal: web server + Celery worker": [web.pid, worker.pid],
             }
+            if flower_state is not None:
+                sampler.roots["second federation (Flower's defaults)"] = [
+                    flower_state.superlink_pid,
+                    *flower_state.supernodes.values(),
+                ]
             sampler.start()
 
         world = World(
@@ -766,8 +995,22 @@ def main(argv: list[str] | None = None) -> int:
             worker_log=worker_log,
             queue_dir=Path(settings.CELERY_BROKER_TRANSPORT_OPTIONS["data_folder_in"]),
             sampler=sampler,
+            flower_home=None if flower_state is None else var / "flwr-flower-defaults",
         )
         arms = {"raw": run_raw, "portal": run_portal}
+        if world.flower_home is not None:
+            arms = {"flower": run_flower, **arms}
+        stamped = {f"portal:{s}": Path(state.logs[f"supernode-{s}"]) for s in state.supernodes}
+        world.nodes = {"raw": list(stamped), "portal": list(stamped)}
+        if flower_state is not None:
+            flower_logs = {
+                f"flower:{s}": Path(flower_state.logs[f"supernode-{s}"])
+                for s in flower_state.supernodes
+            }
+            stamped.update(flower_logs)
+            world.nodes["flower"] = list(flower_logs)
+        world.stamper = LogStamper(stamped)
+        world.stamper.start()
         for i in range(args.warmup):
             for arm, fn in arms.items():
                 r = fn(world, 1, args)
@@ -781,6 +1024,11 @@ def main(argv: list[str] | None = None) -> int:
                 before, t_before = cpu_snapshot(), time.monotonic()
                 r = fn(world, args.rounds, args)
                 after, wall = cpu_snapshot(), time.monotonic() - t_before
+                if world.stamper is not None:
+                    time.sleep(0.1)  # the stamper's last read
+                    r.extra["phases"] = phases(
+                        world.stamper.events, world.nodes[arm], t_before, t_before + wall
+                    )
                 if before and after:
                     r.cpu_ours = (after[1] - before[1]) / wall
                     r.cpu_other = max(0.0, (after[0] - before[0]) - (after[1] - before[1])) / wall
@@ -811,11 +1059,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if sampler is not None:
             sampler.stop()
+        if world is not None and world.stamper is not None:
+            world.stamper.stop()
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not skip the cleanup
         _terminate(worker)
         _terminate(web)
-        if state is not None:
-            runtime.stop(state)
+        for started in states:
+            runtime.stop(started)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if ok and not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -111,6 +111,44 @@ def ingest_site_dataset(*, site: Site, steward, csv_path: Path, slug: str, title
     )
 
 
+#: Mean grid intensity of each hospital's region (gCO2e/kWh), for the demo's carbon curves.
+DEMO_CARBON_BASE = [380.0, 220.0, 520.0]
+
+
+def _demo_pool_calendar(pool, n: int) -> None:
+    """Night-time price bands (×0.6, 22–06 h) and a 7-day hourly carbon curve with a midday
+    solar dip (amplitude 40 %) for a demo pool."""
+    import math
+    from datetime import timedelta
+
+    from federation.models import CarbonReading, PriceBand
+
+    night = pool.base_price * Decimal("0.6")
+    for day in range(7):
+        PriceBand.objects.create(
+            pool=pool, weekday=day, start_minute=0, end_minute=360, price=night
+        )
+        PriceBand.objects.create(
+            pool=pool, weekday=day, start_minute=1320, end_minute=1440, price=night
+        )
+    start = timezone.now().replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
+    CarbonReading.objects.bulk_create(
+        [
+            CarbonReading(
+                pool=pool,
+                at=start + timedelta(hours=h),
+                g_per_kwh=round(
+                    DEMO_CARBON_BASE[n]
+                    * (1 - 0.4 * math.cos(2 * math.pi * (((start.hour + h) % 24) - 13) / 24)),
+                    1,
+                ),
+                source="csv",
+            )
+            for h in range(7 * 24 + 1)
+        ]
+    )
+
+
 def demo_seed(*, canary: str | None = None) -> Project:
     """Create the demo world (idempotent): returns the demo project.
 
@@ -134,8 +172,18 @@ def demo_seed(*, canary: str | None = None) -> Project:
                 institution=inst, slug=spec.site, name=spec.site_name
             )
             pool = ComputePool.objects.create(
-                site=sites[spec.site], name=f"{spec.slug}-cpu", slots=2
+                site=sites[spec.site],
+                name=f"{spec.slug}-cpu",
+                slots=2,
+                cores=8,
+                memory_gib=Decimal("32"),
+                base_price=DEMO_PRICE_PER_UNIT[n],
+                memory_weight=Decimal("0.25"),
+                currency=settings.FRP_BILLING_CURRENCY,
+                carbon_source="csv",
+                carbon_default=DEMO_CARBON_BASE[n],
             )
+            _demo_pool_calendar(pool, n)
             price_rule_create(
                 by=platform,
                 pool=pool,

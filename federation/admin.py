@@ -44,5 +44,6 @@ class FederatedJobAdmin(admin.ModelAdmin):
     list_display = ["id", "title", "project", "status", "flower_run_id", "created_at"]
     list_filter = ["status"]
     search_fields = ["title", "flower_run_id"]
+    list_select_related = ["project"]
     readonly_fields = ["callback_seq", "flower_run_id", "final_metrics", "failure_reason"]
     inlines = [JobSiteInline, RoundMetricInline]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from django import forms
 
 from portal.selectors import projects_for_user
@@ -103,3 +105,79 @@ class JobSubmitForm(forms.Form):
         if target and target in cleaned.get("feature_columns", []):
             self.add_error("feature_columns", "The target column cannot also be a feature.")
         return cleaned
+
+
+class JobScheduleForm(forms.Form):
+    """When and where a job may run (its own fieldset on the job form, prefix ``sched``):
+    resources per site, deadline, budget cap and schedule policy (issue 15)."""
+
+    policy = forms.ChoiceField(
+        required=False,
+        choices=[
+            ("asap", "As soon as possible"),
+            ("cheapest", "Cheapest before the deadline"),
+            ("greenest", "Lowest carbon before the deadline"),
+        ],
+        initial="asap",
+        widget=forms.RadioSelect,
+        help_text="Cheapest and lowest carbon may start later, at the best hours before the deadline.",
+    )
+    deadline = forms.DateTimeField(
+        required=False,
+        label="Results by",
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+        help_text="Your local time. Empty: no deadline (the shift looks up to a week ahead).",
+    )
+    budget_cap = forms.DecimalField(
+        required=False,
+        min_value=0.01,
+        max_digits=14,
+        decimal_places=2,
+        label="Budget cap",
+        help_text="The most this job may cost; a job whose cheapest start costs more is refused.",
+    )
+    cores = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=4096,
+        initial=1,
+        label="Cores per site",
+        help_text="CPU cores.",
+    )
+    memory_gib = forms.DecimalField(
+        required=False,
+        min_value=0.1,
+        max_value=100000,
+        decimal_places=1,
+        initial=1,
+        label="Memory per site (GiB)",
+    )
+    gpus = forms.IntegerField(
+        required=False, min_value=0, max_value=64, initial=0, label="GPUs per site"
+    )
+    preemptible = forms.BooleanField(
+        required=False,
+        help_text="May be stopped for higher-priority work; it then resumes from its last round.",
+    )
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("prefix", "sched")
+        super().__init__(*args, **kwargs)
+
+    #: What a field left empty means (the same as the form's initial values).
+    DEFAULTS = {"policy": "asap", "cores": 1, "memory_gib": Decimal("1"), "gpus": 0}
+
+    def clean(self):
+        cleaned = super().clean()
+        for name, default in self.DEFAULTS.items():
+            if cleaned.get(name) in (None, ""):
+                cleaned[name] = default
+        return cleaned
+
+    def clean_deadline(self):
+        from django.utils import timezone
+
+        deadline = self.cleaned_data.get("deadline")
+        if deadline is not None and deadline <= timezone.now():
+            raise forms.ValidationError("The deadline has passed.")
+        return deadline

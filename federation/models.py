@@ -3,8 +3,21 @@
 Sites are the core's (``portal.models.Site``): a pool belongs to a site, a job runs at sites.
 """
 
+from decimal import Decimal
+
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+
+WEEKDAYS = [
+    (0, "Monday"),
+    (1, "Tuesday"),
+    (2, "Wednesday"),
+    (3, "Thursday"),
+    (4, "Friday"),
+    (5, "Saturday"),
+    (6, "Sunday"),
+]
 
 
 class ComputePool(models.Model):
@@ -18,6 +31,82 @@ class ComputePool(models.Model):
     slots = models.PositiveIntegerField(
         default=1, help_text="How many federated jobs may train here at the same time."
     )
+    # Resources (what a job's per-site request is checked against).
+    cores = models.PositiveIntegerField(default=8, help_text="CPU cores lent to federated jobs.")
+    memory_gib = models.DecimalField(
+        "memory (GiB)", max_digits=9, decimal_places=1, default=Decimal("32"), help_text="GiB."
+    )
+    gpus = models.PositiveIntegerField("GPUs", default=0)
+    gpu_model = models.CharField(
+        "GPU model",
+        max_length=64,
+        blank=True,
+        help_text="e.g. NVIDIA A100 80GB; one model per pool.",
+    )
+    time_zone = models.CharField(
+        max_length=64, default="UTC", help_text="IANA time zone of the windows and price bands."
+    )
+    always_available = models.BooleanField(
+        default=True,
+        help_text="Lent at all hours; otherwise only in the weekly windows below (and exceptions).",
+    )
+    # Price (service units per hour = cpu_weight·cores + memory_weight·GiB + gpu_weight·GPUs).
+    base_price = models.DecimalField(
+        max_digits=12,
+        decimal_places=4,
+        default=Decimal("0"),
+        help_text="Price per service unit·hour outside the time-of-use bands.",
+    )
+    currency = models.CharField(max_length=3, default="EUR")
+    cpu_weight = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("1"))
+    memory_weight = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
+    gpu_weight = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
+    demand_pricing = models.BooleanField(
+        default=False,
+        help_text="Raise the price of coming hours with the demand queued for them, within bounds.",
+    )
+    demand_elasticity = models.FloatField(
+        default=0.5, validators=[MinValueValidator(0.0), MaxValueValidator(10.0)]
+    )
+    price_floor = models.FloatField(
+        "lowest multiplier", default=1.0, validators=[MinValueValidator(0.0)]
+    )
+    price_cap = models.FloatField(
+        "highest multiplier", default=2.0, validators=[MinValueValidator(0.0)]
+    )
+    # Carbon intensity and power draw.
+    carbon_source = models.CharField(
+        max_length=16,
+        choices=[("constant", "Constant"), ("csv", "Uploaded CSV"), ("provider", "Provider API")],
+        default="constant",
+    )
+    carbon_default = models.FloatField(
+        "default intensity (gCO2e/kWh)",
+        default=300.0,
+        validators=[MinValueValidator(0.0)],
+        help_text="Used where no reading covers an hour.",
+    )
+    carbon_provider = models.CharField(
+        max_length=32,
+        blank=True,
+        choices=[("electricitymaps", "Electricity Maps"), ("watttime", "WattTime")],
+    )
+    carbon_zone = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="The provider's zone or region code, e.g. DE, CAISO_NORTH.",
+    )
+    watts_per_core = models.FloatField(
+        "W per core", default=10.0, validators=[MinValueValidator(0.0)]
+    )
+    watts_per_gpu = models.FloatField(
+        "W per GPU", default=250.0, validators=[MinValueValidator(0.0)]
+    )
+    # Health from the SuperLink (``flwr supernode ls``).
+    node_online = models.BooleanField(
+        null=True, blank=True, help_text="Whether the site's SuperNode is online (None: unknown)."
+    )
+    last_seen_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -25,6 +114,17 @@ class ComputePool(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["site", "name"], name="pool_unique_name"),
             models.CheckConstraint(condition=models.Q(slots__gte=1), name="pool_slots_gte_1"),
+            models.CheckConstraint(
+                condition=models.Q(base_price__gte=0)
+                & models.Q(cpu_weight__gte=0)
+                & models.Q(memory_weight__gte=0)
+                & models.Q(gpu_weight__gte=0),
+                name="pool_price_non_negative",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(price_floor__lte=models.F("price_cap")),
+                name="pool_price_floor_le_cap",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -34,6 +134,157 @@ class ComputePool(models.Model):
     def institution(self):
         """The institution of the pool's site (which lends the pool and is paid for it)."""
         return self.site.institution
+
+
+class AvailabilityWindow(models.Model):
+    """A weekly span in which the pool is lent (in the pool's time zone); ``foreign_only``: only
+    to projects of other institutions (idle capacity offered to the federation)."""
+
+    pool = models.ForeignKey(ComputePool, on_delete=models.CASCADE, related_name="windows")
+    weekday = models.PositiveSmallIntegerField(choices=WEEKDAYS)
+    start_minute = models.PositiveSmallIntegerField(validators=[MaxValueValidator(1439)])
+    end_minute = models.PositiveSmallIntegerField(validators=[MaxValueValidator(1440)])
+    foreign_only = models.BooleanField(
+        default=False, help_text="Only for projects of other institutions."
+    )
+
+    class Meta:
+        ordering = ["pool", "weekday", "start_minute"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(start_minute__lt=models.F("end_minute"))
+                & models.Q(end_minute__lte=1440),
+                name="window_start_before_end",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_weekday_display()} {self.start_minute // 60:02d}:{self.start_minute % 60:02d}–{self.end_minute // 60:02d}:{self.end_minute % 60:02d}"
+
+
+class AvailabilityException(models.Model):
+    """A dated exception to the weekly windows: the pool is open or closed in ``[start, end)``."""
+
+    pool = models.ForeignKey(ComputePool, on_delete=models.CASCADE, related_name="exceptions")
+    start = models.DateTimeField()
+    end = models.DateTimeField()
+    available = models.BooleanField(default=False, help_text="Open (ticked) or closed.")
+    note = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["pool", "start"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(start__lt=models.F("end")), name="exception_start_before_end"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.start:%Y-%m-%d %H:%M}–{self.end:%Y-%m-%d %H:%M} {'open' if self.available else 'closed'}"
+
+
+class PriceBand(models.Model):
+    """A time-of-use price: per service unit·hour during a weekly span (pool's time zone)."""
+
+    pool = models.ForeignKey(ComputePool, on_delete=models.CASCADE, related_name="price_bands")
+    weekday = models.PositiveSmallIntegerField(choices=WEEKDAYS)
+    start_minute = models.PositiveSmallIntegerField(validators=[MaxValueValidator(1439)])
+    end_minute = models.PositiveSmallIntegerField(validators=[MaxValueValidator(1440)])
+    price = models.DecimalField(max_digits=12, decimal_places=4)
+
+    class Meta:
+        ordering = ["pool", "weekday", "start_minute"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(start_minute__lt=models.F("end_minute"))
+                & models.Q(end_minute__lte=1440)
+                & models.Q(price__gte=0),
+                name="price_band_valid",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.get_weekday_display()} {self.start_minute}–{self.end_minute} min: {self.price}"
+        )
+
+
+class CarbonReading(models.Model):
+    """Carbon intensity of the pool's grid from ``at`` (gCO2e/kWh), measured or forecast."""
+
+    pool = models.ForeignKey(ComputePool, on_delete=models.CASCADE, related_name="carbon_readings")
+    at = models.DateTimeField()
+    g_per_kwh = models.FloatField(validators=[MinValueValidator(0.0)])
+    source = models.CharField(max_length=32, help_text="csv, or the provider's name.")
+    forecast = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["pool", "at"]
+        constraints = [
+            models.UniqueConstraint(fields=["pool", "at"], name="carbon_reading_unique"),
+            models.CheckConstraint(
+                condition=models.Q(g_per_kwh__gte=0), name="carbon_non_negative"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.pool_id} {self.at:%Y-%m-%d %H:%M} {self.g_per_kwh:g} g/kWh"
+
+
+class PoolQuota(models.Model):
+    """The most a project may hold on a pool at once."""
+
+    pool = models.ForeignKey(ComputePool, on_delete=models.CASCADE, related_name="quotas")
+    project = models.ForeignKey("portal.Project", on_delete=models.CASCADE, related_name="+")
+    cores = models.PositiveIntegerField()
+    memory_gib = models.DecimalField(max_digits=9, decimal_places=1, default=Decimal("1000000"))
+    gpus = models.PositiveIntegerField(default=1000)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["pool", "project"], name="pool_quota_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.project_id} on pool {self.pool_id}: {self.cores} cores"
+
+
+class ProjectAllocation(models.Model):
+    """A project's allocation for the scheduler: budget, fair-share shares and default QoS."""
+
+    project = models.OneToOneField(
+        "portal.Project", on_delete=models.CASCADE, related_name="allocation"
+    )
+    budget = models.DecimalField(
+        max_digits=14,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        help_text="Compute budget in the pools' currency (empty: unlimited).",
+    )
+    shares = models.PositiveIntegerField(
+        default=1, help_text="Fair-share shares in its institution."
+    )
+    qos = models.CharField(
+        "QoS", max_length=8, default="normal", choices=[(q, q) for q in ("low", "normal", "high")]
+    )
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(budget__isnull=True) | models.Q(budget__gte=0),
+                name="allocation_budget_non_negative",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"allocation of project {self.project_id}"
+
+
+class SchedulePolicy(models.TextChoices):
+    ASAP = "asap", "As soon as possible"
+    CHEAPEST = "cheapest", "Cheapest before the deadline"
+    GREENEST = "greenest", "Lowest carbon before the deadline"
 
 
 class JobStatus(models.TextChoices):
@@ -80,6 +331,19 @@ class FederatedJob(models.Model):
     learning_rate = models.FloatField(default=0.1)
 
     flower_run_id = models.CharField(max_length=32, blank=True, help_text="uint64, as text.")
+    launch_nonce = models.CharField(
+        max_length=32,
+        blank=True,
+        editable=False,
+        help_text="Idempotency key of the current launch, recorded before the run is started and "
+        "sent in its run config (not a secret), so a run already started is found, not repeated.",
+    )
+    superlink_lost_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="Since when the SuperLink has not answered while this job was active.",
+    )
     callback_seq = models.PositiveBigIntegerField(
         default=0,
         editable=False,
@@ -88,12 +352,33 @@ class FederatedJob(models.Model):
     final_metrics = models.JSONField(default=dict, blank=True)
     failure_reason = models.TextField(blank=True, help_text="Reason reported by the ServerApp.")
 
+    # Scheduling request and the scheduler's latest word (``federation.admission``).
+    policy = models.CharField(
+        max_length=16, choices=SchedulePolicy.choices, default=SchedulePolicy.ASAP
+    )
+    deadline = models.DateTimeField(null=True, blank=True, help_text="Results wanted by.")
+    budget_cap = models.DecimalField(
+        max_digits=14, decimal_places=2, null=True, blank=True, help_text="The most it may cost."
+    )
+    qos = models.CharField("QoS", max_length=8, default="normal")
+    preemptible = models.BooleanField(default=False)
+    estimated_seconds = models.FloatField(default=600.0, help_text="Estimated run time (s).")
+    sched_reason = models.CharField(max_length=32, blank=True, help_text="Slurm-style reason code.")
+    sched_priority = models.IntegerField(default=0)
+    est_start = models.DateTimeField(null=True, blank=True)
+    est_end = models.DateTimeField(null=True, blank=True)
+    est_cost = models.DecimalField(max_digits=14, decimal_places=4, null=True, blank=True)
+    est_energy_kwh = models.FloatField(null=True, blank=True)
+    est_emissions_g = models.FloatField(null=True, blank=True)
+
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        # The job lists read a page of the newest jobs: an index in that order (issue 12).
+        indexes = [models.Index(fields=["-created_at", "-id"], name="job_newest_first")]
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(num_rounds__gte=1) & models.Q(num_rounds__lte=100),
@@ -132,6 +417,9 @@ class JobSite(models.Model):
         max_length=16, choices=JobSiteStatus.choices, default=JobSiteStatus.PENDING
     )
     node_id = models.CharField(max_length=32, blank=True, help_text="Flower node id (uint64).")
+    cores = models.PositiveIntegerField(default=1, help_text="Cores requested at this site.")
+    memory_gib = models.DecimalField(max_digits=9, decimal_places=1, default=Decimal("1"))
+    gpus = models.PositiveIntegerField(default=0)
     rounds_completed = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True)
     final_metrics = models.JSONField(default=dict, blank=True)

@@ -23,6 +23,7 @@ import json
 import logging
 import zipfile
 from dataclasses import dataclass
+from datetime import datetime
 from functools import partial
 from pathlib import Path
 
@@ -249,14 +250,14 @@ class NodeRow:
 
     ``state``: ``no key`` (nothing uploaded), ``registered`` (key known, never connected),
     ``online``, ``offline``, ``unregistered`` or ``unknown`` (the SuperLink did not answer);
-    ``last_seen``: the SuperLink's UTC time string, ``""`` when never.
+    ``last_seen`` / ``registered_at``: the SuperLink's aware UTC datetimes, ``None`` when never.
     """
 
     site: Site
     node: SiteNode | None
     state: str
-    last_seen: str
-    registered_at: str
+    last_seen: datetime | None
+    registered_at: datetime | None
 
 
 def site_nodes_state(*, sites) -> tuple[list[NodeRow], str]:
@@ -275,14 +276,14 @@ def site_nodes_state(*, sites) -> tuple[list[NodeRow], str]:
     listed: dict[str, superlink.NodeState] = {}
     if nodes or latest:
         try:
-            listed = superlink.nodes_list(_connection())
+            listed = {n.node_id: n for n in superlink.nodes_list(_connection())}
         except superlink.SuperLinkError as exc:
             error = str(exc)
     rows = []
     for site in sites:
         node = nodes.get(site.pk) or latest.get(site.pk)
         if node is None:
-            rows.append(NodeRow(site, None, "no key", "", ""))
+            rows.append(NodeRow(site, None, "no key", None, None))
             continue
         seen = listed.get(node.node_id)
         if node.status == SiteNodeStatus.UNREGISTERED:
@@ -296,8 +297,8 @@ def site_nodes_state(*, sites) -> tuple[list[NodeRow], str]:
                 site,
                 node,
                 state,
-                seen.last_seen if seen else "",
-                seen.registered_at if seen else "",
+                seen.last_seen if seen else None,
+                seen.registered_at if seen else None,
             )
         )
     return rows, error

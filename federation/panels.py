@@ -1,6 +1,7 @@
 """What the federation adds to pages of the floors below it (``portal.panels``): the dashboard's
-recent jobs (its *Submit a job* button, count and table), each site's SuperNode (state, kit, key)
-and compute pools on the institution's *Sites & pools* page, and the airlock's pending model releases on the data steward's
+recent jobs (its *Submit a job* button, count and table), each site's SuperNode (its kit, key and
+the state of its SuperNodes) and compute pools on the institution's *Sites & pools* page, and the
+airlock's pending model releases on the data steward's
 queue. Registered in ``FederationConfig.ready()``.
 """
 
@@ -41,6 +42,21 @@ def site_node(*, request, site) -> dict:
     return {"site": site}
 
 
+def site_supernodes(*, request, site) -> dict:
+    """The SuperNode state of ``site`` (one Control API request per page, shared by its sites)."""
+    if request is not None and hasattr(request, "_federation_supernodes"):
+        states = request._federation_supernodes
+    else:
+        states = selectors.supernode_states()
+        if request is not None:
+            request._federation_supernodes = states
+    return {
+        "nodes": [n for n in states["nodes"] if n["site"] == site.slug],
+        "error": states["error"],
+        "show_site": False,
+    }
+
+
 def steward_releases(*, request) -> dict | None:
     """Pending model releases the signed-in data steward decides on (nothing when none)."""
     releases = selectors.releases_for_steward(user=request.user)
@@ -68,6 +84,12 @@ def register() -> None:
     )
     panels.register(
         "institution.site", template="federation/panels/site_pools.html", context=site_pools
+    )
+    panels.register(
+        "institution.site",
+        template="federation/panels/site_supernodes.html",
+        context=site_supernodes,
+        order=110,
     )
     panels.register(
         "steward_queue",

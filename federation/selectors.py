@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from django.db.models import Count, Prefetch, Q
+import contextlib
 
+from django.conf import settings
+from django.db.models import Count, FloatField, IntegerField, OuterRef, Prefetch, Q, Subquery
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, Coalesce
+
+from federation import runtime, superlink
 from federation.models import (
     FederatedJob,
     JobSite,
@@ -13,34 +19,65 @@ from federation.models import (
     SiteRoundMetric,
 )
 from federation.runtime import LocalSite
-from portal.models import Membership, Role, Site
-from portal.selectors import projects_for_user
+from portal.models import Membership, Project, ProjectMember, Role, Site
 from sandbox.sitestore import site_dir
 
 
 def _visible_jobs(user):
-    """Jobs ``user`` may view (``portal.permissions`` ``job.view``), as one query."""
+    """Jobs ``user`` may view (``portal.permissions`` ``job.view``), as one query.
+
+    Each way in is an ``IN (subquery)`` on the job's own columns, so the result has one row per
+    job without a ``DISTINCT`` over joined rows (issue 12): the job list and its count stay cheap
+    at any number of jobs, sites and rounds."""
     if user.is_staff:
         return FederatedJob.objects.all()
     roles = Membership.objects.filter(user=user)
     part_of = roles.filter(role__in=[Role.DATA_STEWARD, Role.INSTITUTION_ADMIN])
     admin_of = roles.filter(role=Role.INSTITUTION_ADMIN)
     return FederatedJob.objects.filter(
-        Q(project__in=projects_for_user(user=user))
-        | Q(sites__site__institution__in=part_of.values("institution"))
-        | Q(project__institution__in=admin_of.values("institution"))
-    ).distinct()
+        Q(project__in=ProjectMember.objects.filter(user=user).values("project_id"))
+        | Q(
+            pk__in=JobSite.objects.filter(
+                site__institution__in=part_of.values("institution_id")
+            ).values("job_id")
+        )
+        | Q(
+            project__in=Project.objects.filter(
+                institution__in=admin_of.values("institution_id")
+            ).values("pk")
+        )
+    )
+
+
+def _count_of(model, fk: str):
+    """A correlated ``COUNT(*)`` of ``model`` rows whose ``fk`` is the outer job (0 when none)."""
+    rows = (
+        model.objects.filter(**{fk: OuterRef("pk")})
+        .order_by()
+        .values(fk)
+        .annotate(n=Count("*"))
+        .values("n")
+    )
+    return Coalesce(Subquery(rows, output_field=IntegerField()), 0)
 
 
 def jobs_for_user(*, user):
-    """Jobs the user may view, newest first, with project, submitter and round count: those of
-    the user's projects, and those at the sites (or of projects) of institutions where the user
-    is a data steward or admin."""
+    """Jobs the user may view, newest first: those of the user's projects, and those at the sites
+    (or of projects) of institutions where the user is a data steward or admin.
+
+    Each job has ``project`` and ``submitted_by`` joined and ``n_rounds`` (rounds reported),
+    ``n_sites`` (participating sites) and ``accuracy`` (``final_metrics["eval_accuracy"]``,
+    float or ``None``) annotated; ``final_metrics`` itself (which holds the model) is deferred.
+    The counts are correlated subqueries, evaluated only for the rows of the page, and dropped
+    from the paginator's ``COUNT(*)`` (issue 12)."""
     return (
         _visible_jobs(user)
         .select_related("project", "submitted_by")
+        .defer("final_metrics", "feature_columns", "status_detail", "failure_reason")
         .annotate(
-            n_rounds=Count("round_metrics", distinct=True), n_sites=Count("sites", distinct=True)
+            n_rounds=_count_of(RoundMetric, "job"),
+            n_sites=_count_of(JobSite, "job"),
+            accuracy=Cast(KT("final_metrics__eval_accuracy"), FloatField()),
         )
         .order_by("-created_at", "-id")
     )
@@ -68,21 +105,29 @@ def job_progress(*, job: FederatedJob) -> dict:
 
     Returns ``{"rounds": [RoundMetric], "sites": [JobSite], "site_rounds": {site_id: [SiteRoundMetric]},
     "chart": {"round": [int], "eval_accuracy": [float|None], "eval_loss": [...], "train_loss": [...]},
-    "percent": int 0..100}``.
+    "percent": int 0..100, "lost": [{"site": slug, "round": int, "error": text}]}``. A site is
+    *lost* in the first round it did not reply in (its SuperNode went offline, its ClientApp
+    failed, or it was dropped); each site row also gets ``lost_round`` (``None`` when not lost).
     """
     rounds = list(RoundMetric.objects.filter(job=job).order_by("round"))
     sites = list(job.sites.select_related("site__institution", "dataset_version__dataset"))
     site_rounds: dict[int, list[SiteRoundMetric]] = {s.pk: [] for s in sites}
     for m in SiteRoundMetric.objects.filter(job_site__job=job).order_by("round"):
         site_rounds[m.job_site_id].append(m)
+    lost = []
     for s in sites:
         s.round_rows = site_rounds[s.pk]
         s.last_round = site_rounds[s.pk][-1] if site_rounds[s.pk] else None
+        failed = next((m for m in s.round_rows if not m.ok), None)
+        s.lost_round = failed.round if failed else None
+        if failed:
+            lost.append({"site": s.site.slug, "round": failed.round, "error": failed.error})
     percent = 100 if job.status == "completed" else int(100 * len(rounds) / max(job.num_rounds, 1))
     return {
         "rounds": rounds,
         "sites": sites,
         "percent": min(percent, 100),
+        "lost": lost,
         "chart": {
             "round": [r.round for r in rounds],
             "eval_accuracy": [r.eval_accuracy for r in rounds],
@@ -141,3 +186,155 @@ def local_sites() -> list[LocalSite]:
         for s in Site.objects.order_by("slug")
         if site_dir(s.slug).exists()
     ]
+
+
+def job_estimates(*, project, versions, num_rounds: int, local_epochs: int, schedule: dict):
+    """For each schedule policy, what the scheduler would plan for this job if submitted now:
+    a list of dicts ``policy``, ``label``, ``action``, ``reason``, ``start``, ``end`` (aware
+    datetimes or ``None``), ``cost`` (``Decimal`` or ``None``), ``energy_kwh``, ``emissions_g``,
+    ``late`` and ``detail``; plus the estimated run time in seconds as ``duration_s``."""
+    from datetime import UTC, datetime
+    from decimal import Decimal
+
+    from federation import admission, scheduling
+    from federation.models import SchedulePolicy
+
+    duration = admission.duration_estimate(
+        model="logreg",
+        num_rounds=num_rounds,
+        local_epochs=local_epochs,
+        rows=max(v.row_count for v in versions),
+    )
+    request = scheduling.Resources(
+        int(schedule["cores"]), float(schedule["memory_gib"]), int(schedule["gpus"])
+    )
+    decisions = admission.policy_estimates(
+        project=project,
+        site_demands={v.dataset.site_id: request for v in versions},
+        duration_s=duration,
+        deadline=schedule.get("deadline"),
+        budget_cap=schedule.get("budget_cap"),
+    )
+
+    def at(seconds):
+        return datetime.fromtimestamp(seconds, tz=UTC) if seconds is not None else None
+
+    rows = []
+    for policy, label in SchedulePolicy.choices:
+        d = decisions[policy]
+        rows.append(
+            {
+                "policy": policy,
+                "label": label,
+                "action": str(d.action),
+                "reason": "" if d.action == "start" else str(d.reason),
+                "start": at(d.start_s),
+                "end": at(d.end_s),
+                "cost": Decimal(str(round(d.cost, 2))) if d.cost is not None else None,
+                "energy_kwh": d.energy_kwh,
+                "emissions_g": d.emissions_g,
+                "late": d.late,
+                "detail": d.detail,
+            }
+        )
+    return {"duration_s": duration, "rows": rows}
+
+
+def site_energy(*, site, cpu_seconds: float, start, end, gpu_seconds: float = 0.0):
+    """``(kWh, mean gCO2e/kWh, gCO2e)`` of ``cpu_seconds`` (and ``gpu_seconds``) of work at
+    ``site`` during ``[start, end)``: the power figures of the site's pool (its first) and the
+    time-weighted mean of its carbon readings over the run (``scheduling.energy``); the pool's
+    default intensity where it has no reading. ``None`` when the site has no pool."""
+    from federation.models import CarbonReading, ComputePool
+    from federation.scheduling import energy
+
+    pool = ComputePool.objects.filter(site=site).order_by("pk").first()
+    if pool is None:
+        return None
+    kwh = energy.energy_kwh(
+        cpu_seconds=cpu_seconds,
+        gpu_seconds=gpu_seconds,
+        watts_per_core=pool.watts_per_core,
+        watts_per_gpu=pool.watts_per_gpu,
+    )
+    before = CarbonReading.objects.filter(pool=pool, at__lte=start).order_by("-at").first()
+    readings = [(before.at, before.g_per_kwh)] if before else []
+    readings += list(
+        CarbonReading.objects.filter(pool=pool, at__gt=start, at__lt=end)
+        .order_by("at")
+        .values_list("at", "g_per_kwh")
+    )
+    intensity = energy.mean_intensity(readings, start=start, end=end, default=pool.carbon_default)
+    return kwh, intensity, energy.emissions_g(kwh, intensity)
+
+
+def job_energy(*, job: FederatedJob) -> list[dict]:
+    """Energy and emissions per site of a job from its metering: ``[{"site", "cpu_seconds",
+    "energy_kwh", "intensity_g_per_kwh", "emissions_g"}]`` (``site_energy`` per site)."""
+    from django.db.models import Sum
+    from django.utils import timezone
+
+    if job.started_at is None:
+        return []
+    end = job.finished_at or timezone.now()
+    rows = []
+    for js in job.sites.select_related("site"):
+        cpu = js.round_metrics.aggregate(s=Sum("cpu_seconds"))["s"] or 0.0
+        figures = site_energy(site=js.site, cpu_seconds=cpu, start=job.started_at, end=end)
+        if figures is None:
+            continue
+        kwh, intensity, grams = figures
+        rows.append(
+            {
+                "site": js.site,
+                "cpu_seconds": cpu,
+                "energy_kwh": kwh,
+                "intensity_g_per_kwh": intensity,
+                "emissions_g": grams,
+            }
+        )
+    return rows
+
+
+def supernode_states(*, connection: superlink.Connection | None = None) -> dict:
+    """Every SuperNode the SuperLink knows, with the site each serves, for admin pages.
+
+    Returns ``{"nodes": [row], "error": str}``: one row per SuperNode, ``{"node_id": str,
+    "site": slug | None, "status": "registered"|"online"|"offline"|"unregistered",
+    "registered_at", "last_seen", "online_until": aware datetime | None}``, online first; the
+    site is the name the node was registered under (node authentication), else the local
+    federation's record of the SuperNodes it started (``runtime.node_sites``), else the site
+    whose latest job discovered that node id. ``error`` is ``""`` unless the SuperLink did not
+    answer (then ``nodes`` is empty). One Control API request.
+    """
+    from federation import services
+
+    try:
+        nodes = superlink.nodes_list(connection or services.superlink_connection())
+    except superlink.SuperLinkError as exc:
+        return {"nodes": [], "error": str(exc)}
+    ids = [n.node_id for n in nodes]
+    site_of: dict[str, str] = {}
+    for node_id, slug in (
+        JobSite.objects.filter(node_id__in=ids)
+        .order_by("job__created_at", "pk")
+        .values_list("node_id", "site__slug")
+    ):
+        site_of[node_id] = slug  # the latest job's mapping wins
+    # the embedded default's own SuperNodes name themselves in their logs
+    with contextlib.suppress(runtime.RuntimeError_):
+        site_of.update(runtime.node_sites(runtime.load_state(settings.FRP_FEDERATION_DIR)))
+    order = {"online": 0, "registered": 1, "offline": 2, "unregistered": 3}
+    rows = [
+        {
+            "node_id": n.node_id,
+            "site": n.name or site_of.get(n.node_id),
+            "status": n.status,
+            "registered_at": n.registered_at,
+            "last_seen": n.last_seen,
+            "online_until": n.online_until,
+        }
+        for n in nodes
+    ]
+    rows.sort(key=lambda r: (order.get(r["status"], 9), r["site"] or "~", r["node_id"]))
+    return {"nodes": rows, "error": ""}

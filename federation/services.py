@@ -3,18 +3,22 @@ and the airlock (a finished job's model release).
 
 State machine (``JobStatus``), all transitions here::
 
-    QUEUED ──launch──▶ LAUNCHING ──run submitted──▶ RUNNING ──SuperLink finished──▶ COMPLETED
-       ▲                   │                           │                          ├▶ FAILED
+    QUEUED ──launch──▶ LAUNCHING ──run recorded──▶ RUNNING ──SuperLink finished──▶ COMPLETED
+       ▲                   │  (or found by its nonce)  │                          ├▶ FAILED
        └─ stale, no run ◀──┘── submit refused ──▶ FAILED └── stop ──▶ STOPPED      └▶ STOPPED
+    LAUNCHING / RUNNING ── SuperLink silent for FRP_SUPERLINK_LOST_SECONDS ──▶ FAILED
 
 The SuperLink is authoritative for a run's end (``job_reconcile``); callbacks from the ServerApp only
 add metrics. Every service re-reads state under a row lock first, so a second delivery of a task or
-callback changes nothing.
+callback changes nothing. Each launch has a nonce, committed before the run is started and sent in
+its run config: a run is recorded only for the job holding its nonce, a run no job holds is stopped,
+so every Flower run the portal started belongs to exactly one job (ADR 0018).
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 from datetime import timedelta
 from pathlib import Path
 
@@ -24,8 +28,9 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from federation import scheduler, superlink
+from federation import admission, superlink
 from federation.models import (
+    ComputePool,
     FederatedJob,
     JobSite,
     JobSiteStatus,
@@ -47,7 +52,6 @@ from sandbox import selectors as sandbox_selectors
 log = logging.getLogger(__name__)
 
 MIN_SITES = 2
-STALE_LAUNCH = timedelta(minutes=3)
 #: The Celery task that launches a queued job (``federation.tasks.job_launch_task``), sent by name
 #: so that this module does not import the tasks that import it.
 JOB_LAUNCH_TASK = "federation.job_launch"
@@ -126,13 +130,20 @@ def job_submit(
     num_rounds: int = 5,
     local_epochs: int = 5,
     learning_rate: float = 0.1,
+    schedule: dict | None = None,
 ) -> FederatedJob:
     """Validate and queue a job; its launch is queued after the transaction commits.
 
     Checks: ``by`` may submit in ``project``; at least ``MIN_SITES`` datasets, one per site; every
     dataset under a valid grant for the project; target and feature columns present (features numeric)
     in every schema. Raises ``JobError`` (with per-field messages) otherwise.
+
+    ``schedule`` (optional): ``policy`` (``SchedulePolicy`` value), ``deadline`` (aware datetime),
+    ``budget_cap`` (``Decimal``), ``qos``, ``preemptible``, ``cores`` / ``memory_gib`` / ``gpus``
+    per site (the same request at every site). The run time is estimated here
+    (``admission.duration_estimate``).
     """
+    schedule = dict(schedule or {})
     if not can(by, "job.submit", project):
         raise JobError(
             "you are not a member of this project",
@@ -157,6 +168,12 @@ def job_submit(
             {"datasets": [f"No valid access grant for this project: {', '.join(ungranted)}."]},
         )
     features = _validate_columns(versions, target_column, list(feature_columns or []))
+    deadline = schedule.get("deadline")
+    if deadline is not None and deadline <= timezone.now():
+        raise JobError("deadline in the past", {"deadline": ["The deadline has passed."]})
+    cap = schedule.get("budget_cap")
+    if cap is not None and cap <= 0:
+        raise JobError("budget cap", {"budget_cap": ["A budget cap must be above zero."]})
     job = FederatedJob.objects.create(
         project=project,
         submitted_by=by,
@@ -166,9 +183,23 @@ def job_submit(
         num_rounds=num_rounds,
         local_epochs=local_epochs,
         learning_rate=learning_rate,
+        policy=schedule.get("policy") or "asap",
+        deadline=schedule.get("deadline"),
+        budget_cap=schedule.get("budget_cap"),
+        qos=schedule.get("qos") or "normal",
+        preemptible=bool(schedule.get("preemptible", False)),
+        estimated_seconds=admission.duration_estimate(
+            model="logreg",
+            num_rounds=num_rounds,
+            local_epochs=local_epochs,
+            rows=max(v.row_count for v in versions),
+        ),
     )
+    request = {
+        k: schedule[k] for k in ("cores", "memory_gib", "gpus") if schedule.get(k) is not None
+    }
     JobSite.objects.bulk_create(
-        [JobSite(job=job, site=v.dataset.site, dataset_version=v) for v in versions]
+        [JobSite(job=job, site=v.dataset.site, dataset_version=v, **request) for v in versions]
     )
     audit_record(
         by=by,
@@ -189,7 +220,8 @@ def job_submit(
 
 def job_run_config(job: FederatedJob) -> contract.RunConfig:
     """The Flower run config of ``job`` (``frp_flwr.contract.RunConfig``): job spec (sites →
-    store keys), callback URL, hyper-parameters. It reaches every SuperNode: no secret in it."""
+    store keys), callback URL, hyper-parameters, the launch nonce. It reaches every SuperNode: no
+    secret in it."""
     spec = contract.JobSpec(
         sites={
             js.site.slug: contract.SitePointer(
@@ -219,7 +251,16 @@ def job_run_config(job: FederatedJob) -> contract.RunConfig:
             if settings.FRP_REPLY_LOG_DIR
             else ""
         ),
+        launch_nonce=job.launch_nonce,
     )
+
+
+def job_refuse(*, job: FederatedJob, reason: str) -> None:
+    """Fail a QUEUED job the scheduler refuses (budget cap, resources no pool has), with the
+    reason and an audit event. Called inside the scheduler pass's transaction."""
+    if job.status != JobStatus.QUEUED:
+        return
+    _fail(job, f"refused by the scheduler: {reason}")
 
 
 def _fail(job: FederatedJob, reason: str) -> None:
@@ -237,8 +278,17 @@ def job_launch(*, job_id: int) -> FederatedJob:
 
     Grants are checked again (one may have expired or been revoked since submission). When the
     pools are busy the job stays QUEUED with the reason; the periodic reconcile tries again.
+
+    Idempotent across crashes: a fresh launch nonce is committed with the LAUNCHING state before
+    the run is started and travels in the run config, so when this process dies after the
+    SuperLink started the run but before the run id was recorded, ``job_reconcile`` finds the run
+    by its nonce and records it instead of starting another. A SuperLink that does not answer
+    leaves the job LAUNCHING for the reconcile (which fails it after
+    ``FRP_SUPERLINK_LOST_SECONDS``); a SuperLink that refuses the run fails the job.
     """
     with transaction.atomic():
+        # Pools first, then the job: a pass writes other queued jobs' rows while it holds the pools.
+        list(ComputePool.objects.select_for_update().order_by("pk").values_list("pk", flat=True))
         job = FederatedJob.objects.select_for_update().get(pk=job_id)
         if job.status != JobStatus.QUEUED:
             return job
@@ -252,42 +302,94 @@ def job_launch(*, job_id: int) -> FederatedJob:
         if lost:
             _fail(job, f"access grant no longer valid for site(s): {', '.join(lost)}")
             return job
-        admitted, reason = scheduler.admit(job)
-        if not admitted:
-            if job.status_detail != reason:
-                job.status_detail = reason
-                job.save(update_fields=["status_detail"])
+        decisions = admission.schedule_pass()
+        others = [pk for pk, d in decisions.items() if d.action == "start" and pk != job.pk]
+        for pk in others:  # jobs the same pass admitted: each launches in its own task
+            transaction.on_commit(signature(JOB_LAUNCH_TASK, args=(pk,)).delay, robust=True)
+        job.refresh_from_db()
+        decision = decisions.get(job.pk)
+        if job.status != JobStatus.QUEUED or decision is None or decision.action != "start":
             return job
         job.status = JobStatus.LAUNCHING
         job.status_detail = "submitting the run to the SuperLink"
         job.started_at = timezone.now()
-        job.save(update_fields=["status", "status_detail", "started_at"])
+        job.launch_nonce = secrets.token_hex(16)
+        job.save(update_fields=["status", "status_detail", "started_at", "launch_nonce"])
+        nonce = job.launch_nonce
         run_config = job_run_config(job).to_flower()
 
     try:
         run_id = superlink.run_submit(superlink_connection(), run_config)
+    except superlink.SuperLinkUnreachable as exc:
+        superlink_unreachable(job_ids=[job_id], error=str(exc))
+        return FederatedJob.objects.get(pk=job_id)
     except superlink.SuperLinkError as exc:
         with transaction.atomic():
             job = FederatedJob.objects.select_for_update().get(pk=job_id)
-            if job.status == JobStatus.LAUNCHING:
+            if job.status == JobStatus.LAUNCHING and job.launch_nonce == nonce:
                 _fail(job, f"the SuperLink refused the run: {exc}")
         return job
+    return job_run_record(job_id=job_id, run_id=run_id, nonce=nonce)
 
+
+def job_run_record(*, job_id: int, run_id: str, nonce: str, found: bool = False) -> FederatedJob:
+    """Record Flower run ``run_id``, started with launch ``nonce``, as ``job_id``'s run.
+
+    Idempotent (recording the same run twice changes nothing). A run whose nonce is no longer the
+    job's (the job was queued again, stopped or failed meanwhile) belongs to no job: it is stopped
+    (``run_orphan_stop``) and the job is left as it is. ``found``: the reconcile found the run by
+    its nonce (the launching worker died before recording it); said in the audit event.
+    """
     with transaction.atomic():
         job = FederatedJob.objects.select_for_update().get(pk=job_id)
-        job.flower_run_id = run_id
-        if job.status == JobStatus.LAUNCHING:
-            job.status = JobStatus.RUNNING
-            job.status_detail = f"Flower run {run_id} started"
-        job.save(update_fields=["flower_run_id", "status", "status_detail"])
-        audit_record(
-            by=None,
-            action="job.launch",
-            target=job,
-            institution=job.project.institution,
-            run_id=run_id,
+        if job.flower_run_id == run_id:
+            return job
+        mine = (
+            job.launch_nonce == nonce
+            and not job.flower_run_id
+            and job.status in (JobStatus.LAUNCHING, JobStatus.RUNNING)
         )
-    return job
+        if mine:
+            job.flower_run_id = run_id
+            job.status = JobStatus.RUNNING
+            job.status_detail = f"Flower run {run_id} started" + (
+                " (found on the SuperLink by its launch nonce)" if found else ""
+            )
+            job.save(update_fields=["flower_run_id", "status", "status_detail"])
+            audit_record(
+                by=None,
+                action="job.launch",
+                target=job,
+                institution=job.project.institution,
+                run_id=run_id,
+                found_by_nonce=found,
+            )
+            return job
+    run_orphan_stop(run_id=run_id, job_id=job_id, why="its launch is no longer the job's")
+    return FederatedJob.objects.get(pk=job_id)
+
+
+def run_orphan_stop(*, run_id: str, job_id: int | None, why: str) -> None:
+    """Stop a Flower run that belongs to no job (its launch nonce is no job's current one), so
+    every run on the SuperLink belongs to exactly one job; audited on the job it names."""
+    try:
+        superlink.run_stop(superlink_connection(), run_id)
+        outcome = "stopped"
+    except superlink.SuperLinkError as exc:
+        outcome = f"stop failed: {exc}"
+    log.warning("Flower run %s belongs to no job (%s): %s", run_id, why, outcome)
+    job = FederatedJob.objects.filter(pk=job_id).select_related("project").first()
+    if job is not None:
+        with transaction.atomic():
+            audit_record(
+                by=None,
+                action="job.orphan_run_stop",
+                target=job,
+                institution=job.project.institution,
+                run_id=run_id,
+                why=why,
+                outcome=outcome,
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -412,10 +514,20 @@ def _record_contribution(
     job.save(update_fields=["final_metrics"])
 
 
+def _sentence(text: str) -> str:
+    """``text`` with a capital first letter and a full stop at the end (``""`` stays ``""``)."""
+    text = text.strip()
+    if not text:
+        return ""
+    text = text[:1].upper() + text[1:]
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
 def _record_failed(job: FederatedJob, sites: dict[str, JobSite], event: contract.Failed):
-    """The ServerApp's reason for giving up (the SuperLink's status still ends the job)."""
+    """The ServerApp's reason for giving up (the SuperLink's status still ends the job); the
+    job's status detail says it as a sentence."""
     job.failure_reason = event.reason[:4000]
-    job.status_detail = job.failure_reason
+    job.status_detail = _sentence(job.failure_reason)
     job.save(update_fields=["failure_reason", "status_detail"])
 
 
@@ -494,41 +606,208 @@ _FINAL = {
 }
 
 
-def job_reconcile(*, job_id: int, run: superlink.RunStatus | None = None) -> FederatedJob:
+def _run_of(runs: list[superlink.RunStatus], job: FederatedJob) -> superlink.RunStatus | None:
+    """The run in ``runs`` that carries ``job``'s current launch nonce (``None`` when none)."""
+    if not job.launch_nonce:
+        return None
+    for run in runs:
+        config = run.run_config
+        if config.get("launch-nonce") == job.launch_nonce and config.get("job-id") == job.pk:
+            return run
+    return None
+
+
+def job_reconcile(
+    *,
+    job_id: int,
+    run: superlink.RunStatus | None = None,
+    runs: list[superlink.RunStatus] | None = None,
+) -> FederatedJob:
     """Bring one job in line with the SuperLink (authoritative for a run's end).
 
-    QUEUED → try to launch; LAUNCHING with no run id for longer than ``STALE_LAUNCH`` → back to QUEUED
-    (a crash between admission and submission); RUNNING → read ``flwr ls`` and finish the job when the
-    run has finished. A SuperLink that cannot be reached leaves the job as it is. ``run`` is the
-    run's status when the caller already read it (one ``flwr ls`` for many jobs).
+    QUEUED → try to launch. LAUNCHING with no run id → look for the run carrying the job's launch
+    nonce (among ``runs``, the SuperLink's newest runs, when the caller has them) and record it;
+    without one for longer than ``FRP_STALE_LAUNCH_SECONDS`` → back to QUEUED (the worker died
+    before it started the run). RUNNING → finish the job when its run has finished; a run the
+    SuperLink does not know fails the job. ``run`` is the run's status when the caller already read
+    it. A SuperLink that does not answer is recorded (``superlink_unreachable``).
     """
     job = FederatedJob.objects.get(pk=job_id)
     if job.status == JobStatus.QUEUED:
         return job_launch(job_id=job_id)
+    conn = superlink_connection()
     if job.status == JobStatus.LAUNCHING and not job.flower_run_id:
-        if job.started_at and timezone.now() - job.started_at > STALE_LAUNCH:
+        try:
+            found = _run_of(runs if runs is not None else superlink.runs_list(conn), job)
+        except superlink.SuperLinkUnreachable as exc:
+            superlink_unreachable(job_ids=[job_id], error=str(exc))
+            return job
+        except superlink.SuperLinkError as exc:
+            log.warning("reconcile job %s: %s", job_id, exc)
+            return job
+        if found is not None:
+            return job_run_record(
+                job_id=job_id, run_id=found.run_id, nonce=job.launch_nonce, found=True
+            )
+        stale = timedelta(seconds=settings.FRP_STALE_LAUNCH_SECONDS)
+        if job.started_at and timezone.now() - job.started_at > stale:
             with transaction.atomic():
                 job = FederatedJob.objects.select_for_update().get(pk=job_id)
                 if job.status == JobStatus.LAUNCHING and not job.flower_run_id:
                     job.status = JobStatus.QUEUED
                     job.status_detail = "launch did not finish; queued again"
-                    job.save(update_fields=["status", "status_detail"])
+                    job.launch_nonce = ""
+                    job.save(update_fields=["status", "status_detail", "launch_nonce"])
         return job
     if job.status not in (JobStatus.RUNNING, JobStatus.LAUNCHING) or not job.flower_run_id:
         return job
     if run is None:
         try:
-            run = superlink.run_status(superlink_connection(), job.flower_run_id)
+            run = superlink.run_status(conn, job.flower_run_id)
+        except superlink.SuperLinkUnreachable as exc:
+            superlink_unreachable(job_ids=[job_id], error=str(exc))
+            return job
+        except superlink.RunUnknown:
+            return _job_finish(
+                job_id=job_id,
+                run=superlink.RunStatus(job.flower_run_id, "finished", "failed", "", {}),
+                reason=f"The SuperLink no longer knows Flower run {job.flower_run_id} (it was "
+                "restarted without its database).",
+            )
         except superlink.SuperLinkError as exc:
             log.warning("reconcile job %s: %s", job_id, exc)
             return job
+    if job.superlink_lost_at is not None:
+        superlink_answered(job_ids=[job_id])
     if not run.is_finished:
         return job
     return _job_finish(job_id=job_id, run=run)
 
 
+def superlink_unreachable(*, job_ids: list[int], error: str) -> None:
+    """The SuperLink did not answer: say so on each active job of ``job_ids`` from the first time,
+    and fail the jobs it has not answered for longer than ``FRP_SUPERLINK_LOST_SECONDS``.
+
+    The bound: a job ends FAILED at most ``FRP_SUPERLINK_LOST_SECONDS`` plus one reconcile
+    interval after the SuperLink stopped answering (QUEUED jobs are not touched: they wait).
+    """
+    bound = float(settings.FRP_SUPERLINK_LOST_SECONDS)
+    now = timezone.now()
+    to_fail = []
+    with transaction.atomic():
+        for job in FederatedJob.objects.select_for_update().filter(
+            pk__in=job_ids, status__in=[JobStatus.LAUNCHING, JobStatus.RUNNING]
+        ):
+            if job.superlink_lost_at is None:
+                job.superlink_lost_at = now
+                job.status_detail = (
+                    f"The SuperLink is unreachable (no answer since {now:%H:%M:%S} UTC). "
+                    f"The job fails if it does not answer within {bound:.0f} s."
+                )
+                job.save(update_fields=["superlink_lost_at", "status_detail"])
+                audit_record(
+                    by=None,
+                    action="job.superlink_unreachable",
+                    target=job,
+                    institution=job.project.institution,
+                    error=error[:500],
+                )
+            elif (now - job.superlink_lost_at).total_seconds() > bound:
+                to_fail.append((job.pk, job.flower_run_id, job.superlink_lost_at))
+    for pk, run_id, since in to_fail:
+        _job_finish(
+            job_id=pk,
+            run=superlink.RunStatus(run_id, "finished", "failed", "", {}),
+            reason=f"The SuperLink stopped answering at {since:%H:%M:%S} UTC and had not "
+            f"answered {bound:.0f} s later, so the job was failed.",
+        )
+
+
+def superlink_answered(*, job_ids: list[int]) -> None:
+    """The SuperLink answers again: clear the unreachable mark of ``job_ids`` (one UPDATE)."""
+    FederatedJob.objects.filter(pk__in=job_ids, superlink_lost_at__isnull=False).update(
+        superlink_lost_at=None, status_detail="the SuperLink answers again"
+    )
+
+
+def jobs_reconcile(*, batch: int = 50) -> int:
+    """Reconcile up to ``batch`` active jobs, oldest first, with one listing of the SuperLink's
+    newest runs (plus one request per older run still active); stop runs that carry a launch
+    nonce no job holds. Returns how many jobs were looked at.
+
+    Cost: one Control API request per tick in the common case (tens of milliseconds; see
+    ``benchmarks/reconcile.py``) and a few queries per active job.
+    """
+    jobs = list(
+        FederatedJob.objects.filter(status__in=JobStatus.active())
+        .order_by("created_at")
+        .values_list("pk", "status", "flower_run_id")[:batch]
+    )
+    conn = superlink_connection()
+    asks = [pk for pk, status, run_id in jobs if run_id or status == JobStatus.LAUNCHING]
+    statuses: dict[str, superlink.RunStatus] = {}
+    try:
+        # Read even with no active job: a run no job holds is stopped in any case.
+        newest = superlink.runs_list(conn, limit=max(100, 2 * len(jobs)))
+        if asks:
+            statuses = superlink.runs_status(
+                conn, [run_id for _, _, run_id in jobs if run_id], newest=newest
+            )
+    except superlink.SuperLinkUnreachable as exc:
+        if asks:  # queued jobs wait: none is launched into a SuperLink that does not answer
+            log.warning("reconcile: the SuperLink did not answer: %s", exc)
+            superlink_unreachable(job_ids=asks, error=str(exc))
+        return len(jobs)
+    except superlink.SuperLinkError as exc:
+        if jobs:
+            log.warning("reconcile: the SuperLink refused: %s", exc)
+        return len(jobs)
+    if asks:
+        superlink_answered(job_ids=asks)
+    for pk, _, run_id in jobs:
+        job_reconcile(job_id=pk, run=statuses.get(run_id), runs=newest)
+    runs_orphans_stop(runs=newest)
+    return len(jobs)
+
+
+def runs_orphans_stop(*, runs: list[superlink.RunStatus]) -> list[str]:
+    """Stop every unfinished run in ``runs`` that the portal started (it carries a launch nonce)
+    but no job holds: not a job's recorded run, nor the run a LAUNCHING job is about to record.
+    Returns the run ids stopped."""
+    started = [r for r in runs if not r.is_finished and r.run_config.get("launch-nonce")]
+    if not started:
+        return []
+    recorded = set(
+        FederatedJob.objects.filter(flower_run_id__in=[r.run_id for r in started]).values_list(
+            "flower_run_id", flat=True
+        )
+    )
+    launching = set(
+        FederatedJob.objects.filter(
+            status=JobStatus.LAUNCHING,
+            flower_run_id="",
+            launch_nonce__in=[r.run_config["launch-nonce"] for r in started],
+        ).values_list("launch_nonce", flat=True)
+    )
+    stopped = []
+    for run in started:
+        if run.run_id in recorded or run.run_config["launch-nonce"] in launching:
+            continue
+        job_id = run.run_config.get("job-id")
+        run_orphan_stop(
+            run_id=run.run_id,
+            job_id=job_id if isinstance(job_id, int) else None,
+            why="no job holds its launch nonce",
+        )
+        stopped.append(run.run_id)
+    return stopped
+
+
 @transaction.atomic
-def _job_finish(*, job_id: int, run: superlink.RunStatus) -> FederatedJob:
+def _job_finish(
+    *, job_id: int, run: superlink.RunStatus, reason: str | None = None
+) -> FederatedJob:
+    """End ``job_id`` as its run ended (``reason``: the portal's own reason for failing it)."""
     job = FederatedJob.objects.select_for_update().get(pk=job_id)
     if job.is_terminal:
         return job
@@ -540,13 +819,21 @@ def _job_finish(*, job_id: int, run: superlink.RunStatus) -> FederatedJob:
     job.finished_at = timezone.now()
     if run.usage:  # Flower's own per-run figures, for the usage cross-check
         job.final_metrics = {**job.final_metrics, "flower": run.usage}
-    if status == JobStatus.COMPLETED:
+    if reason:
+        job.status_detail = reason
+        job.failure_reason = job.failure_reason or reason
+    elif status == JobStatus.COMPLETED:
         job.status_detail = f"Flower run {run.run_id} completed"
     elif status == JobStatus.FAILED and not job.status_detail.startswith("the run finished"):
-        job.status_detail = job.failure_reason or run.details or f"Flower run {run.run_id} failed"
+        details = run.details.strip().rstrip(".")
+        job.status_detail = _sentence(job.failure_reason) or (
+            f"Flower run {run.run_id} failed" + (f": {details}." if details else ".")
+        )
     else:
         job.status_detail = f"Flower run {run.run_id} {run.sub_status}"
-    job.save(update_fields=["status", "status_detail", "finished_at", "final_metrics"])
+    job.save(
+        update_fields=["status", "status_detail", "finished_at", "final_metrics", "failure_reason"]
+    )
     still_in = job.sites.exclude(status__in=[JobSiteStatus.DROPPED, JobSiteStatus.FAILED])
     if status == JobStatus.COMPLETED:
         still_in.update(status=JobSiteStatus.COMPLETED)

@@ -7,7 +7,6 @@ import logging
 from celery import shared_task
 
 from federation import services, superlink
-from federation.models import FederatedJob, JobStatus
 
 RECONCILE_BATCH = 50
 log = logging.getLogger(__name__)
@@ -21,23 +20,27 @@ def job_launch_task(job_id: int) -> None:
 
 @shared_task(name="federation.job_reconcile_all", acks_late=True, ignore_result=True)
 def job_reconcile_all_task() -> None:
-    """Periodic: reconcile up to ``RECONCILE_BATCH`` active jobs, oldest first, reading every
-    running job's status from the SuperLink with one ``flwr ls``."""
-    jobs = list(
-        FederatedJob.objects.filter(status__in=JobStatus.active())
-        .order_by("created_at")
-        .values_list("pk", "flower_run_id")[:RECONCILE_BATCH]
-    )
-    run_ids = [run_id for _, run_id in jobs if run_id]
-    statuses = {}
-    if run_ids:
+    """Periodic: reconcile up to ``RECONCILE_BATCH`` active jobs, oldest first, with one Control
+    API listing of the SuperLink's newest runs (``services.jobs_reconcile``)."""
+    services.jobs_reconcile(batch=RECONCILE_BATCH)
+
+
+@shared_task(name="federation.pools_refresh", acks_late=True, ignore_result=True)
+def pools_refresh_task() -> None:
+    """Periodic: each pool's SuperNode health from the SuperLink, and the carbon forecast of
+    pools whose source is a provider (a failing source is logged and skipped)."""
+    from federation import carbon, pool_services
+    from federation.models import ComputePool
+
+    try:
+        pool_services.pool_health_refresh(conn=services.superlink_connection())
+    except superlink.SuperLinkError as exc:
+        log.warning("pools refresh: the SuperLink did not answer: %s", exc)
+    for pool in ComputePool.objects.filter(carbon_source="provider").exclude(carbon_provider=""):
         try:
-            statuses = superlink.runs_status(services.superlink_connection(), run_ids)
-        except superlink.SuperLinkError as exc:
-            log.warning("reconcile: the SuperLink did not answer: %s", exc)
-            return
-    for job_id, run_id in jobs:
-        services.job_reconcile(job_id=job_id, run=statuses.get(run_id))
+            pool_services.carbon_forecast_fetch(pool=pool)
+        except carbon.CarbonError as exc:
+            log.warning("pools refresh: carbon forecast of pool %s: %s", pool.pk, exc)
 
 
 @shared_task(

@@ -3,6 +3,7 @@ and the airlock (release request, a steward's decision, the released model)."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -12,8 +13,9 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from federation import callbacks, selectors, services
-from federation.forms import JobSubmitForm
+from federation.forms import JobScheduleForm, JobSubmitForm
 from federation.models import FederatedJob, ModelRelease, ReleaseStatus
+from federation.pool_selectors import REASONS
 from frp_flwr import contract
 from frp_flwr.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, SignatureError, verify
 from portal import panels
@@ -34,7 +36,8 @@ def job_list(request):
 def job_create(request):
     """The job submission form; errors from ``job_submit`` appear inline on their fields."""
     form = JobSubmitForm(request.POST or None, user=request.user)
-    if request.method == "POST" and form.is_valid():
+    sched = JobScheduleForm(request.POST or None)
+    if request.method == "POST" and form.is_valid() and sched.is_valid():
         data = form.cleaned_data
         try:
             job = services.job_submit(
@@ -47,17 +50,47 @@ def job_create(request):
                 num_rounds=data["num_rounds"],
                 local_epochs=data["local_epochs"],
                 learning_rate=data["learning_rate"],
+                schedule=sched.cleaned_data,
             )
         except services.JobError as exc:
             for field, errors in exc.field_errors.items():
                 for error in errors:
-                    form.add_error(field if field in form.fields else None, error)
+                    target = form if field in form.fields or field not in sched.fields else sched
+                    target.add_error(field if field in target.fields else None, error)
             if not exc.field_errors:
                 form.add_error(None, str(exc))
         else:
             messages.success(request, f"Job #{job.pk} queued.")
             return redirect("federation:job_detail", pk=job.pk)
-    return render(request, "federation/job_form.html", {"form": form})
+    return render(request, "federation/job_form.html", {"form": form, "sched": sched})
+
+
+@login_required
+@require_POST
+def job_estimate(request):
+    """HTMX partial: the estimated start, end, cost and emissions of the job being filled in,
+    for each schedule policy, as the scheduler would plan it now (writes nothing)."""
+    form = JobSubmitForm(request.POST, user=request.user)
+    sched = JobScheduleForm(request.POST)
+    form.is_valid()
+    sched.is_valid()
+    data, when = form.cleaned_data, sched.cleaned_data
+    versions = list(data.get("datasets") or [])
+    project = data.get("project")
+    estimates = None
+    if project is not None and versions and sched.is_valid():
+        estimates = selectors.job_estimates(
+            project=project,
+            versions=versions,
+            num_rounds=data.get("num_rounds") or 5,
+            local_epochs=data.get("local_epochs") or 5,
+            schedule=when,
+        )
+    return render(
+        request,
+        "federation/partials/job_estimate.html",
+        {"estimates": estimates, "chosen": when.get("policy", "asap")},
+    )
 
 
 def _job_or_404(request, pk: int) -> FederatedJob:
@@ -81,6 +114,8 @@ def job_detail(request, pk: int):
         "is_member": can(request.user, "project.view", job.project),
         "release": release,
         "release_waiting": selectors.release_waiting_sites(job=job, release=release),
+        "energy": selectors.job_energy(job=job) if job.started_at else [],
+        "schedule_reason_text": REASONS.get(job.sched_reason, ""),
     }
     context.update(selectors.job_progress(job=job))
     return render(request, "federation/job_detail.html", context)
@@ -110,6 +145,7 @@ def job_progress_json(request, pk: int):
             "num_rounds": job.num_rounds,
             "rounds_done": len(progress["rounds"]),
             "chart": progress["chart"],
+            "sites_lost": progress["lost"],
             "final_metrics": {k: v for k, v in job.final_metrics.items() if k != "model"},
             **panels.sections("job_progress", request=request, job=job),  # accounting's, …
             "sites": [
@@ -123,6 +159,7 @@ def job_progress_json(request, pk: int):
                     "eval_accuracy": s.final_metrics.get("eval_accuracy")
                     or (s.last_round.eval_accuracy if s.last_round else None),
                     "error": s.last_error,
+                    "lost_in_round": s.lost_round,
                 }
                 for s in progress["sites"]
             ],
@@ -227,6 +264,16 @@ def job_callback(request, pk: int):
     except services.JobError as exc:
         return _refuse(409, str(exc))
     return JsonResponse(answer.to_json())
+
+
+@login_required
+def supernodes(request):
+    """Every SuperNode's state as the SuperLink reports it (platform admins only)."""
+    if not request.user.is_staff:
+        raise Http404("No such page")
+    context = selectors.supernode_states()
+    context["federation"] = settings.FRP_FEDERATION_NAME
+    return render(request, "federation/supernodes.html", context)
 
 
 @login_required

@@ -102,6 +102,7 @@ class ProjectAdmin(admin.ModelAdmin):
 class AuditEventAdmin(admin.ModelAdmin):
     list_display = ["created_at", "actor", "institution", "action", "target_type", "target_id"]
     list_filter = ["action", "institution"]
+    list_select_related = ["actor", "institution"]  # nullable keys: not joined by default
     search_fields = ["action", "target_id", "actor__username"]
 
     def has_add_permission(self, request):

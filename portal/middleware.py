@@ -1,6 +1,11 @@
-"""Middleware of the portal core: TOTP required for an institution's admins and data stewards."""
+"""Middleware of the portal core: TOTP required for an institution's admins and data stewards,
+the signed-in user's memberships read once per request, and allauth's user-session activity
+tracking at most once a minute per session (ADR 0017)."""
 
 from __future__ import annotations
+
+import hashlib
+import time
 
 from django.shortcuts import redirect
 from django.urls import reverse
@@ -8,6 +13,26 @@ from django.urls import reverse
 from portal.models import Membership, Role
 
 _EXEMPT_PREFIXES = ("/accounts/", "/static/", "/jobs/callback/")
+
+#: Seconds between two writes of a session's ``last_seen_at`` (allauth's ``UserSession``) while
+#: its client (IP address and user agent) stays the same; a changed client is written at once.
+SESSION_ACTIVITY_SECONDS = 60
+_SEEN_KEY = "_frp_session_seen"
+
+
+def request_memberships(request) -> list[Membership]:
+    """The signed-in user's memberships with their institutions, read once per request (one
+    query; ``[]`` when anonymous). The MFA rule below and the navigation use the same list."""
+    cached = getattr(request, "_frp_memberships", None)
+    if cached is not None:
+        return cached
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        rows: list[Membership] = []
+    else:
+        rows = list(Membership.objects.filter(user=user).select_related("institution"))
+    request._frp_memberships = rows
+    return rows
 
 
 class RequireMFAMiddleware:
@@ -22,22 +47,62 @@ class RequireMFAMiddleware:
             user is not None
             and user.is_authenticated
             and not request.path.startswith(_EXEMPT_PREFIXES)
-            and _mfa_required(user)
+            and _mfa_required(request)
             and not _has_totp(user)
         ):
             return redirect(reverse("mfa_activate_totp"))
         return self.get_response(request)
 
 
-def _mfa_required(user) -> bool:
-    return Membership.objects.filter(
-        user=user,
-        role__in=[Role.INSTITUTION_ADMIN, Role.DATA_STEWARD],
-        institution__require_mfa_for_staff=True,
-    ).exists()
+def _mfa_required(request) -> bool:
+    return any(
+        m.role in (Role.INSTITUTION_ADMIN, Role.DATA_STEWARD)
+        and m.institution.require_mfa_for_staff
+        for m in request_memberships(request)
+    )
 
 
 def _has_totp(user) -> bool:
     from allauth.mfa.models import Authenticator
 
     return Authenticator.objects.filter(user=user, type=Authenticator.Type.TOTP).exists()
+
+
+class UserSessionsMiddleware:
+    """allauth's ``UserSessionsMiddleware`` (``USERSESSIONS_TRACK_ACTIVITY``), throttled.
+
+    allauth records every request of a signed-in user (a transaction with a read and an UPDATE
+    of ``usersessions_usersession``: five queries and a commit per page). Here a session's
+    activity is recorded on its first request, when its client (IP address, user agent) changes
+    — so allauth's ``session_client_changed`` signal still fires at once — and otherwise at most
+    every :data:`SESSION_ACTIVITY_SECONDS`; ``last_seen_at`` is then accurate to that interval.
+    The time and a hash of the client are kept in the session itself.
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        from allauth.usersessions.internal import usersessionkit
+
+        session = getattr(request, "session", None)
+        user = getattr(request, "user", None)
+        if session is not None and user is not None and user.is_authenticated:
+            client = hashlib.sha256(
+                "\0".join(
+                    (request.META.get("REMOTE_ADDR", ""), request.META.get("HTTP_USER_AGENT", ""))
+                ).encode()
+            ).hexdigest()[:16]
+            seen = session.get(_SEEN_KEY)
+            now = time.time()
+            if (
+                not isinstance(seen, list)
+                or len(seen) != 2
+                or seen[1] != client
+                or not isinstance(seen[0], (int, float))
+                or now - seen[0] >= SESSION_ACTIVITY_SECONDS
+            ):
+                usersessionkit.track_activity(request, user=user, session=session)
+                if session.session_key:
+                    session[_SEEN_KEY] = [now, client]
+        return self.get_response(request)

@@ -164,6 +164,12 @@ class AuditEvent(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        # The institution's audit page reads a page of its newest events (issue 12).
+        indexes = [
+            models.Index(
+                fields=["institution", "-created_at", "-id"], name="audit_institution_newest"
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.created_at:%Y-%m-%d %H:%M} {self.actor} {self.action} {self.target_type}:{self.target_id}"

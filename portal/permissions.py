@@ -36,6 +36,7 @@ ACTIONS = frozenset(
         "dataset.register",
         "access.decide",
         "price.manage",
+        "pool.manage",
         "invoice.view",
         "job.view_cost",
         "job.view_accounting",
@@ -56,7 +57,7 @@ def can(user, action: str, obj=None) -> bool:
     part, and the admins of the project's institution), ``job.stop`` (obj: FederatedJob;
     submitter or PI), ``institution.admin`` (obj: Institution; platform admins too),
     ``dataset.register`` (obj: Site), ``access.decide`` (obj: Dataset or Site),
-    ``price.manage`` (obj: ComputePool), ``invoice.view`` (obj: Invoice or Institution):
+    ``price.manage`` and ``pool.manage`` (obj: ComputePool: its settings, calendar, queue), ``invoice.view`` (obj: Invoice or Institution):
     the institution's admins (and platform admins); ``job.view_cost`` and ``credit.view``
     (obj: FederatedJob): the project's members, platform admins and the admins of the
     project's and the job's sites' institutions; ``credit.edit`` (obj: FederatedJob): PIs of
@@ -100,7 +101,7 @@ def can(user, action: str, obj=None) -> bool:
     if action == "access.decide":  # obj: a Dataset, or a Site
         site = getattr(obj, "site", obj)
         return _has_role(user, site.institution, Role.DATA_STEWARD)
-    if action == "price.manage":
+    if action in {"price.manage", "pool.manage"}:
         return can(user, "institution.admin", obj.institution)
     if action == "invoice.view":
         return can(user, "institution.admin", getattr(obj, "institution", obj))

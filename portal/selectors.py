@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models import Q
+from django.db.models import Prefetch, Q
 
 from portal.models import AuditEvent, IdentityProvider, Institution, Membership, Project
 
@@ -22,13 +22,20 @@ def administered_institutions(*, user):
     if user.is_staff:
         return Institution.objects.all()
     return Institution.objects.filter(
-        memberships__user=user, memberships__role=Role.INSTITUTION_ADMIN
-    ).distinct()
+        pk__in=Membership.objects.filter(user=user, role=Role.INSTITUTION_ADMIN).values(
+            "institution_id"
+        )
+    )
 
 
 def projects_for_user(*, user):
-    """Projects the user is a member of, lead institution joined."""
-    return Project.objects.filter(memberships__user=user).select_related("institution").distinct()
+    """Projects the user is a member of, lead institution joined (an ``IN (subquery)``: one row
+    per project without a ``DISTINCT``)."""
+    from portal.models import ProjectMember
+
+    return Project.objects.filter(
+        pk__in=ProjectMember.objects.filter(user=user).values("project_id")
+    ).select_related("institution")
 
 
 def sso_choices(*, q: str = ""):
@@ -56,17 +63,48 @@ def idp_for_email(email: str) -> IdentityProvider | None:
     )
 
 
-def institution_members(*, institution):
-    """Users with a role at ``institution``: list of ``(user, [role values])``, by name."""
-    rows: dict[int, tuple] = {}
-    for m in (
-        Membership.objects.filter(institution=institution)
-        .select_related("user")
-        .prefetch_related("user__socialaccount_set")
-        .order_by("user__last_name", "user__username")
-    ):
-        rows.setdefault(m.user_id, (m.user, []))[1].append(m.role)
-    return list(rows.values())
+class MemberRows:
+    """The members of an institution as a sequence of ``(user, [role values])`` for a
+    ``Paginator``: counted and sliced in the database, so a page reads its 25 users (with their
+    roles there and their SSO accounts prefetched: three queries) whatever the institution's size."""
+
+    def __init__(self, institution) -> None:
+        from django.contrib.auth import get_user_model
+
+        self.institution = institution
+        self.users = (
+            get_user_model()
+            .objects.filter(
+                pk__in=Membership.objects.filter(institution=institution).values("user_id")
+            )
+            .prefetch_related(
+                Prefetch(
+                    "memberships",
+                    queryset=Membership.objects.filter(institution=institution).order_by("role"),
+                    to_attr="roles_here",
+                ),
+                "socialaccount_set",
+            )
+            .order_by("last_name", "username", "pk")
+        )
+
+    def count(self) -> int:
+        return self.users.count()
+
+    def __len__(self) -> int:
+        return self.count()
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            return [(u, [m.role for m in u.roles_here]) for u in self.users[key]]
+        user = self.users[key]
+        return (user, [m.role for m in user.roles_here])
+
+
+def institution_members(*, institution) -> MemberRows:
+    """Users with a role at ``institution``: a sequence of ``(user, [role values])`` by last
+    name, username (:class:`MemberRows`, for a ``Paginator``)."""
+    return MemberRows(institution)
 
 
 def institution_audit(*, institution):

@@ -71,7 +71,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "allauth.account.middleware.AccountMiddleware",
-    "allauth.usersessions.middleware.UserSessionsMiddleware",
+    "portal.middleware.UserSessionsMiddleware",  # allauth's, throttled (ADR 0017)
     "portal.middleware.RequireMFAMiddleware",
 ]
 
@@ -231,6 +231,12 @@ CELERY_BEAT_SCHEDULE = {
         # a tick not started before the next one is due is dropped: no backlog behind slow ticks
         "options": {"expires": _RECONCILE_SECONDS},
     },
+    # Pools: SuperNode health and provider carbon forecasts (issue 15).
+    "federation-pools-refresh": {
+        "task": "federation.pools_refresh",
+        "schedule": 300.0,
+        "options": {"expires": 300},
+    },
     # Close last month's invoices; hourly so a missed tick is caught up (the task is idempotent).
     "accounting-invoice-close": {
         "task": "accounting.invoice_close",
@@ -293,6 +299,8 @@ FRP_ACCOUNTING_SWEEP_GRACE_SECONDS = env.float("FRP_ACCOUNTING_SWEEP_GRACE_SECON
 FRP_FLWR_HOME = Path(env.str("FRP_FLWR_HOME", default=str(VAR_DIR / "flwr-control")))
 FRP_FEDERATION_NAME = env.str("FRP_FEDERATION_NAME", default="local")
 FRP_FLWR_APP_DIR = BASE_DIR / "federation" / "flwr_app"
+# The embedded default's local federation (federation_up / federation_down / supernode_restart).
+FRP_FEDERATION_DIR = Path(env.str("FRP_FEDERATION_DIR", default=str(VAR_DIR / "federation")))
 # The URL the ServerApp posts round metrics to (signed, see federation/callbacks.py).
 FRP_CALLBACK_BASE_URL = env.str("FRP_CALLBACK_BASE_URL", default="http://127.0.0.1:8000")
 # The platform callback key (ADR 0014): held by the portal and the SuperLink's environment only.
@@ -309,9 +317,25 @@ if not DEBUG and not FRP_CALLBACK_KEY and "FRP_CALLBACK_KEY_FILE" not in os.envi
     )
 # A round with no reply within this many seconds drops the silent sites (FedAvg's default: 3600 s).
 FRP_ROUND_TIMEOUT = env.float("FRP_ROUND_TIMEOUT", default=120.0)
+# An active job whose SuperLink has not answered for this long (seconds) is failed; the job page
+# says the SuperLink is unreachable from the first reconcile tick that finds it so.
+FRP_SUPERLINK_LOST_SECONDS = env.float("FRP_SUPERLINK_LOST_SECONDS", default=120.0)
+# A job LAUNCHING this long (seconds) with no run on the SuperLink carrying its launch nonce is
+# queued again (the worker died before it started the run).
+FRP_STALE_LAUNCH_SECONDS = env.float("FRP_STALE_LAUNCH_SECONDS", default=180.0)
 # Optional: a folder where each job's ServerApp appends every reply it receives (an audit of exactly
 # what left the sites). Empty: off.
 FRP_REPLY_LOG_DIR = env.str("FRP_REPLY_LOG_DIR", default="")
+# The scheduler's plan (federation.admission): grid step and horizon.
+FRP_SCHED_STEP_SECONDS = env.float("FRP_SCHED_STEP_SECONDS", default=300.0)
+FRP_SCHED_HORIZON_HOURS = env.float("FRP_SCHED_HORIZON_HOURS", default=168.0)
+# Carbon-intensity providers of pools whose source is a provider (federation.carbon).
+FRP_CARBON_ELECTRICITYMAPS_URL = env.str(
+    "FRP_CARBON_ELECTRICITYMAPS_URL", default="https://api.electricitymap.org"
+)
+FRP_CARBON_ELECTRICITYMAPS_TOKEN = env.str("FRP_CARBON_ELECTRICITYMAPS_TOKEN", default="")
+FRP_CARBON_WATTTIME_URL = env.str("FRP_CARBON_WATTTIME_URL", default="https://api.watttime.org")
+FRP_CARBON_WATTTIME_TOKEN = env.str("FRP_CARBON_WATTTIME_TOKEN", default="")
 # The local federation: one SuperNode per site, each with its own store and keyring.
 FRP_SITES_DIR = Path(env.str("FRP_SITES_DIR", default=str(VAR_DIR / "sites")))
 # What a site kit tells a site (federation/onboarding.py): the SuperLink address its SuperNode dials

@@ -31,3 +31,4 @@ class DatasetAdmin(admin.ModelAdmin):
 class AccessRequestAdmin(admin.ModelAdmin):
     list_display = ["project", "dataset", "status", "expires_at", "decided_by", "created_at"]
     list_filter = ["status"]
+    list_select_related = ["project", "dataset__site", "decided_by"]

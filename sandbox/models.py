@@ -32,6 +32,11 @@ class Dataset(models.Model):
 
     @property
     def latest_version(self):
+        """The newest version, or ``None``; from ``prefetch_related("versions")`` when the
+        versions were prefetched (no query per dataset on a list page)."""
+        cached = getattr(self, "_prefetched_objects_cache", {}).get("versions")
+        if cached is not None:
+            return max(cached, key=lambda v: v.version, default=None)
         return self.versions.order_by("-version").first()
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models import Q
+from django.db.models import Prefetch, Q
 from django.utils import timezone
 
 from sandbox.models import AccessRequest, AccessStatus, DatasetVersion
@@ -41,7 +41,9 @@ def dataset_catalogue(*, q: str = ""):
     """Every registered dataset with its site, institution and latest version (metadata only)."""
     from sandbox.models import Dataset
 
-    datasets = Dataset.objects.select_related("site__institution").prefetch_related("versions")
+    datasets = Dataset.objects.select_related("site__institution").prefetch_related(
+        Prefetch("versions", queryset=DatasetVersion.objects.defer("profile"))
+    )
     if q:
         datasets = datasets.filter(
             Q(title__icontains=q)
@@ -53,17 +55,17 @@ def dataset_catalogue(*, q: str = ""):
 
 def steward_requests(*, user, status: str | None = None):
     """Access requests for datasets of institutions where ``user`` is a data steward."""
-    from portal.models import Role
+    from portal.models import Membership, Role
 
+    stewarded = Membership.objects.filter(user=user, role=Role.DATA_STEWARD)
     qs = AccessRequest.objects.filter(
-        dataset__site__institution__memberships__user=user,
-        dataset__site__institution__memberships__role=Role.DATA_STEWARD,
+        dataset__site__institution__in=stewarded.values("institution_id")
     ).select_related(
         "dataset__site__institution", "project__institution", "requested_by", "decided_by"
     )
     if status:
         qs = qs.filter(status=status)
-    return qs.distinct().order_by("-created_at")
+    return qs.order_by("-created_at", "-pk")
 
 
 def upload_sites(*, user):

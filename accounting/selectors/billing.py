@@ -11,12 +11,25 @@ from __future__ import annotations
 import datetime as dt
 from decimal import Decimal
 
-from django.db.models import Count, Prefetch, Q
+from django.db.models import (
+    Count,
+    DateField,
+    ExpressionWrapper,
+    F,
+    FloatField,
+    OuterRef,
+    Prefetch,
+    Q,
+    Subquery,
+    Sum,
+)
+from django.db.models.functions import Coalesce, TruncMonth
 
 from accounting.models import BillingEntry, BillingKind, Invoice, PriceRule, UsageRecord
 from accounting.services.billing import CHARGE_KINDS, month_start, next_month
 from federation.models import ComputePool
 from portal import selectors as portal_selectors
+from portal.models import Project, Site
 from portal.permissions import can
 
 SECONDS_PER_HOUR = 3600
@@ -29,7 +42,18 @@ def invoices_for_user(*, user):
     return (
         Invoice.objects.filter(institution__in=institutions)
         .select_related("institution")
-        .annotate(lines=Count("entries"))
+        .annotate(
+            lines=Coalesce(
+                Subquery(
+                    BillingEntry.objects.filter(invoice=OuterRef("pk"))
+                    .order_by()
+                    .values("invoice")
+                    .annotate(n=Count("*"))
+                    .values("n")
+                ),
+                0,
+            )
+        )
         .order_by("-month", "institution__name")
     )
 
@@ -89,45 +113,59 @@ def institution_billing_series(*, institution, today: dt.date, months: int = 12)
 
     series = {k: zeros() for k in ("core_hours_used", "core_hours_provided", "su_used")}
     series["su_provided"] = zeros()
-    usage = UsageRecord.objects.filter(
-        job__finished_at__date__gte=first, job__finished_at__date__lt=end
-    ).filter(Q(job__project__institution=institution) | Q(site__institution=institution))
-    for u in usage.values(
-        "cores",
-        "wall_seconds",
-        "reserved_seconds",
-        "job__finished_at",
-        "job__project__institution_id",
-        "site__institution_id",
-    ):
-        i = index.get(month_start(u["job__finished_at"]))
+    # Summed in the database by the job's finish month (in the portal's zone, as
+    # ``month_start``): at most ``months`` rows come back, whatever the number of jobs (issue 12).
+    month = TruncMonth("job__finished_at", output_field=DateField())
+    # Keys in subqueries: the aggregates join only the job (for its finish month).
+    mine = Q(job__project__in=Project.objects.filter(institution=institution).values("pk"))
+    at_mine = Q(site__in=Site.objects.filter(institution=institution).values("pk"))
+    hours = ExpressionWrapper(
+        F("cores") * Coalesce(F("reserved_seconds"), F("wall_seconds")) / SECONDS_PER_HOUR,
+        output_field=FloatField(),
+    )
+    usage = (
+        UsageRecord.objects.filter(
+            job__finished_at__date__gte=first, job__finished_at__date__lt=end
+        )
+        .filter(mine | at_mine)
+        .annotate(month=month)
+        .order_by()
+        .values("month")
+        .annotate(used=Sum(hours, filter=mine), provided=Sum(hours, filter=at_mine))
+    )
+    for u in usage:
+        i = index.get(u["month"])
         if i is None:
             continue
-        held = u["reserved_seconds"] if u["reserved_seconds"] is not None else u["wall_seconds"]
-        hours = u["cores"] * held / SECONDS_PER_HOUR
-        if u["job__project__institution_id"] == institution.pk:
-            series["core_hours_used"][i] += hours
-        if u["site__institution_id"] == institution.pk:
-            series["core_hours_provided"][i] += hours
-    entries = BillingEntry.objects.filter(
-        job__finished_at__date__gte=first,
-        job__finished_at__date__lt=end,
-        kind__in=(BillingKind.COMPUTE_CHARGE, BillingKind.COMPUTE_CREDIT),
-    ).filter(Q(institution=institution) | Q(site__institution=institution))
-    for e in entries.values(
-        "kind", "service_units", "institution_id", "site__institution_id", "job__finished_at"
-    ):
-        i = index.get(month_start(e["job__finished_at"]))
+        series["core_hours_used"][i] += u["used"] or 0.0
+        series["core_hours_provided"][i] += u["provided"] or 0.0
+    charge = Q(kind=BillingKind.COMPUTE_CHARGE, institution=institution)
+    entries = (
+        BillingEntry.objects.filter(
+            job__finished_at__date__gte=first,
+            job__finished_at__date__lt=end,
+            kind__in=(BillingKind.COMPUTE_CHARGE, BillingKind.COMPUTE_CREDIT),
+        )
+        .filter(Q(institution=institution) | at_mine)
+        .annotate(month=month)
+        .order_by()
+        .values("month")
+        .annotate(
+            used=Sum("service_units", filter=charge),
+            # own-pool show-back: used and provided
+            show_back=Sum("service_units", filter=charge & at_mine),
+            credited=Sum(
+                "service_units",
+                filter=Q(kind=BillingKind.COMPUTE_CREDIT, institution=institution),
+            ),
+        )
+    )
+    for e in entries:
+        i = index.get(e["month"])
         if i is None:
             continue
-        su = float(e["service_units"])
-        own_site = e["site__institution_id"] == institution.pk
-        if e["kind"] == BillingKind.COMPUTE_CHARGE and e["institution_id"] == institution.pk:
-            series["su_used"][i] += su
-            if own_site:  # own-pool show-back: used and provided
-                series["su_provided"][i] += su
-        elif e["kind"] == BillingKind.COMPUTE_CREDIT and e["institution_id"] == institution.pk:
-            series["su_provided"][i] += su
+        series["su_used"][i] += float(e["used"] or 0)
+        series["su_provided"][i] += float(e["show_back"] or 0) + float(e["credited"] or 0)
     money = {"charges": zeros(), "credits": zeros(), "net": zeros()}
     currency = None
     for inv in Invoice.objects.filter(

@@ -14,6 +14,7 @@ from django.db.models import Count, Q, Sum
 
 from accounting.models import UsageRecord
 from federation.models import FederatedJob, SiteRoundMetric
+from federation.selectors import site_energy
 from portal.ledger.services import ledger_append
 from portal.services import audit_record
 
@@ -40,6 +41,8 @@ def _ledger_record(record: UsageRecord, job: FederatedJob) -> dict:
         "cores": record.cores,
         "memory_gib": str(Decimal(record.memory_gib).quantize(Decimal("0.001"))),
         "gpus": record.gpus,
+        "energy_wh": _dec((record.energy_kwh or 0.0) * 1000, 3),
+        "emissions_g": _dec(record.emissions_g or 0.0, 3),
     }
 
 
@@ -101,7 +104,24 @@ def usage_record_job(*, job: FederatedJob) -> list[UsageRecord]:
                 + int(more.get("examples", 0)),
                 "bytes_received": (row.get("received") or 0) + int(more.get("bytes_received", 0)),
                 "bytes_sent": (row.get("sent") or 0) + int(more.get("bytes_sent", 0)),
+                "cores": js.cores,
+                "memory_gib": js.memory_gib,
+                "gpus": js.gpus,
             }
+            # Energy and emissions (issue 15): metered CPU seconds at the pool's power draw and
+            # the grid's carbon intensity during the run.
+            figures = (
+                site_energy(
+                    site=js.site,
+                    cpu_seconds=values["cpu_seconds"],
+                    start=job.started_at,
+                    end=job.finished_at,
+                )
+                if job.started_at and job.finished_at
+                else None
+            )
+            if figures is not None:
+                values["energy_kwh"], _, values["emissions_g"] = figures
             record, created = UsageRecord.objects.update_or_create(
                 job=job, site=js.site, defaults=values
             )

@@ -48,6 +48,40 @@ class FlowerWorld:
     reply_log_dir: Path
     received_log_dir: Path  # <site>.jsonl: every message each site's ClientApp received
     federation: runtime.FederationState
+    worker: subprocess.Popen | None = None
+    worker_env: dict | None = None
+
+    def worker_start(self) -> subprocess.Popen:
+        """Start a (new) Celery worker with embedded beat; it replaces ``self.worker``."""
+        self.worker = _worker_start(self.worker_log, self.worker_env, self.runtime_root.parent)
+        return self.worker
+
+    def worker_kill(self) -> None:
+        """SIGKILL the worker's main process alone, as the OOM killer would."""
+        os.kill(self.worker.pid, signal.SIGKILL)
+        self.worker.wait(timeout=30)
+
+
+def _worker_start(log: Path, env: dict, root: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("celery")),
+            "-A",
+            "portal",
+            "worker",
+            "-B",
+            "--pool",
+            "solo",
+            "--loglevel",
+            "INFO",
+            "--schedule",
+            str(root / "beat-schedule"),
+        ],
+        env=env,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _plant_number(path: Path) -> None:
@@ -77,6 +111,7 @@ def flower_world(
     root: Path,
     live_server,
     django_db_blocker,
+    env: dict | None = None,
     site_netns: dict[str, tuple[str, str]] | None = None,
     superlink_host: str = "127.0.0.1",
     tls_names: list[str] | None = None,
@@ -84,24 +119,27 @@ def flower_world(
     """Seed one site per slug (hospital-a's CSV with the canaries), ingest and grant each dataset,
     start a SuperLink, a SuperNode per site and a Celery worker with beat; stop and flush after.
 
-    ``site_netns``: slug → (network namespace, SuperLink address seen from it): that site's
-    SuperNode runs in its namespace (tests/federation/test_multihost_netns.py); the SuperLink then
-    listens on ``superlink_host`` with a certificate also naming ``tls_names``."""
+    ``env``: extra environment of the worker (e.g. ``FRP_ROUND_TIMEOUT``). ``site_netns``: slug →
+    (network namespace, SuperLink address seen from it): that site's SuperNode runs in its
+    namespace (tests/federation/test_multihost_netns.py); the SuperLink then listens on
+    ``superlink_host`` with a certificate also naming ``tls_names``."""
     site_netns = site_netns or {}
     from django.contrib.auth import get_user_model
 
     saved = {
         k: getattr(dj_settings, k)
-        for k in ("FRP_SITES_DIR", "FRP_FLWR_HOME", "FRP_CALLBACK_BASE_URL")
+        for k in ("FRP_SITES_DIR", "FRP_FLWR_HOME", "FRP_CALLBACK_BASE_URL", "FRP_FEDERATION_DIR")
     }
     dj_settings.FRP_SITES_DIR = root / "sites"
     dj_settings.FRP_FLWR_HOME = root / "flwr-control"
     dj_settings.FRP_CALLBACK_BASE_URL = live_server.url
+    dj_settings.FRP_FEDERATION_DIR = root / "federation"
 
     import redis
 
     redis.Redis.from_url(os.environ["CELERY_BROKER_URL"]).flushdb()
-    state = worker = None
+    state = world = None
+    env_extra = dict(env or {})
     with django_db_blocker.unblock():
         try:
             User = get_user_model()
@@ -173,46 +211,34 @@ def flower_world(
                 FRP_VAR_DIR=str(root / "worker-var"),
                 FRP_REPLY_LOG_DIR=str(root / "reply-logs"),
             )
+            env.update(env_extra)
             (root / "reply-logs").mkdir()
-            worker_log = root / "worker.log"
-            worker = subprocess.Popen(
-                [
-                    str(Path(sys.executable).with_name("celery")),
-                    "-A",
-                    "portal",
-                    "worker",
-                    "-B",
-                    "--pool",
-                    "solo",
-                    "--loglevel",
-                    "INFO",
-                    "--schedule",
-                    str(root / "beat-schedule"),
-                ],
-                env=env,
-                stdout=worker_log.open("wb"),
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            yield FlowerWorld(
+            world = FlowerWorld(
                 project,
                 researcher,
                 versions,
                 root / "federation",
-                worker_log,
+                root / "worker.log",
                 root / "sites",
                 root / "reply-logs",
                 root / "received-logs",
                 state,
+                worker_env=env,
             )
+            world.worker_start()
+            yield world
         finally:
+            worker = world.worker if world is not None else None
             if worker is not None:
-                os.killpg(worker.pid, signal.SIGTERM)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(worker.pid, signal.SIGTERM)
                 try:
                     worker.wait(timeout=15)
                 except subprocess.TimeoutExpired:
                     os.killpg(worker.pid, signal.SIGKILL)
             if state is not None:
+                with contextlib.suppress(runtime.RuntimeError_):
+                    state = runtime.load_state(Path(state.root))  # pids after any restart
                 runtime.stop(state)
             for k, v in saved.items():
                 setattr(dj_settings, k, v)

@@ -422,3 +422,30 @@ def test_stack_and_unstack_models_round_trip():
     assert [a.shape for a in stacked] == [(5, 4, 3), (5, 3)]
     for model, restored in zip(models, back, strict=True):
         assert all(np.array_equal(x, y) for x, y in zip(model, restored, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("reason", "sentence"),
+    [
+        (
+            "<class 'frp_flwr.task.SiteDataError'>:<'site 'hospital-a': KeyError: no key'>",
+            "Site 'hospital-a': KeyError: no key.",
+        ),
+        (
+            "<class 'ZeroDivisionError'>:<'division by zero'>",
+            "ZeroDivisionError: division by zero.",
+        ),
+        (
+            "Error: Node Unavailable — The destination node failed to report a heartbeat within "
+            "2 × its expected interval.",
+            "Its SuperNode went offline (no heartbeat reached the SuperLink in time).",
+        ),
+        (
+            "Error: Reply Message Unavailable - The reply message has expired.",
+            "Reply Message Unavailable - The reply message has expired.",
+        ),
+        ("", "Unknown error."),
+    ],
+)
+def test_readable_error_turns_flowers_reasons_into_sentences(reason, sentence):
+    assert task.readable_error(reason) == sentence

@@ -56,6 +56,11 @@ def world(superlink_world, settings, tmp_path):
     return state, superlink.Connection(flwr_home=home, federation=FEDERATION, app_dir=tmp_path)
 
 
+def _nodes(conn) -> dict:
+    """The SuperLink's SuperNodes by node id."""
+    return {n.node_id: n for n in superlink.nodes_list(conn)}
+
+
 def _wait(predicate, what: str, timeout: float = 120.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -151,13 +156,13 @@ def test_kit_enrol_online_revoke(world, tmp_path, django_capture_on_commit_callb
     assert response.status_code == 201, response.content
     node_id = response.json()["node_id"]
     assert response.json()["fingerprint"] == nodekey.fingerprint(public)
-    assert superlink.nodes_list(conn)[node_id].status == "registered"
+    assert _nodes(conn)[node_id].status == "registered"
     panel = client.get(reverse("sites:node_state", args=[site.slug])).content.decode()
     assert node_id in panel and "registered" in panel and "never connected" in panel
 
     # Its SuperNode connects over TLS with that key and comes online.
     _supernode(state, "hospital-k", tmp_path / "supernode.key", tmp_path)
-    _wait(lambda: superlink.nodes_list(conn)[node_id].status == "online", "the SuperNode online")
+    _wait(lambda: _nodes(conn)[node_id].status == "online", "the SuperNode online")
     status = api.get(reverse("sites:api_status"), HTTP_AUTHORIZATION=f"Bearer {token}").json()
     assert status["supernode"]["state"] == "online" and status["supernode"]["last_seen"]
     panel = client.get(reverse("sites:node_state", args=[site.slug])).content.decode()
@@ -167,7 +172,7 @@ def test_kit_enrol_online_revoke(world, tmp_path, django_capture_on_commit_callb
     with django_capture_on_commit_callbacks(execute=True):
         client.post(reverse("portal:institution_site_revoke", args=[inst.slug, site.slug]))
     assert SiteNode.objects.get(node_id=node_id).status == SiteNodeStatus.UNREGISTERED
-    assert superlink.nodes_list(conn)[node_id].status == "unregistered"
+    assert _nodes(conn)[node_id].status == "unregistered"
     pid = state.supernodes["hospital-k"]
     _wait(lambda: not runtime._alive(pid) or _reaped(pid), "the revoked SuperNode to stop")
     assert (
@@ -187,7 +192,7 @@ def _reaped(pid: int) -> bool:
 @pytest.mark.django_db
 def test_unregistered_supernode_refused(world, tmp_path):
     state, conn = world
-    before = set(superlink.nodes_list(conn))
+    before = set(_nodes(conn))
     nodekey.key_pair_create(tmp_path / "rogue.key")
     proc, log = _supernode(state, "rogue", tmp_path / "rogue.key", tmp_path, max_retries=2)
     try:
@@ -195,7 +200,7 @@ def test_unregistered_supernode_refused(world, tmp_path):
     finally:
         proc.kill()
     assert "Failed to activate SuperNode" in log.read_text()
-    assert set(superlink.nodes_list(conn)) == before  # nothing new joined
+    assert set(_nodes(conn)) == before  # nothing new joined
 
 
 @pytest.mark.django_db

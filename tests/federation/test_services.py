@@ -37,6 +37,16 @@ class FakeSuperLink:
         self.status = superlink.RunStatus("7", "running", "", "", {})
         self.fail_submit: str | None = None
         self.stopped: list[str] = []
+        self.runs: list[superlink.RunStatus] = []  # what runs_list answers
+        self.error: Exception | None = None  # raised by runs_list and run_status when set
+
+    def runs_list(self, conn, *, limit=100):
+        if self.error:
+            raise self.error
+        return list(self.runs)
+
+    def runs_status(self, conn, run_ids, *, newest=None):
+        return {r: self.run_status(conn, r) for r in run_ids}
 
     def run_submit(self, conn, run_config):
         if self.fail_submit:
@@ -45,6 +55,8 @@ class FakeSuperLink:
         return "18446744073709551615"  # the largest uint64: must survive as text
 
     def run_status(self, conn, run_id):
+        if self.error:
+            raise self.error
         return self.status
 
     def run_stop(self, conn, run_id):
@@ -54,7 +66,7 @@ class FakeSuperLink:
 @pytest.fixture
 def fake_superlink(monkeypatch):
     fake = FakeSuperLink()
-    for name in ("run_submit", "run_status", "run_stop"):
+    for name in ("run_submit", "run_status", "run_stop", "runs_list", "runs_status"):
         monkeypatch.setattr(services.superlink, name, getattr(fake, name))
     return fake
 
@@ -206,7 +218,9 @@ def test_job_launch_waits_when_pool_is_full(world, fake_superlink, launch):
     second.refresh_from_db()
     assert first.status == JobStatus.RUNNING
     assert second.status == JobStatus.QUEUED
-    assert "free slot" in second.status_detail
+    assert second.sched_reason == "Resources"
+    assert "waiting for resources on its pools" in second.status_detail
+    assert second.est_start is not None
     first.status = JobStatus.COMPLETED
     first.save()
     assert services.job_reconcile(job_id=second.pk).status == JobStatus.RUNNING
@@ -313,7 +327,7 @@ def test_reconcile_keeps_serverapp_failure_reason(world, fake_superlink, launch)
     record(job, {"event": "failed", "reason": "only 1 of 2 sites"})
     fake_superlink.status = superlink.RunStatus("7", "finished", "failed", "ServerApp exited", {})
     job = services.job_reconcile(job_id=job.pk)
-    assert job.status == JobStatus.FAILED and job.status_detail == "only 1 of 2 sites"
+    assert job.status == JobStatus.FAILED and job.status_detail == "Only 1 of 2 sites."
 
 
 def test_reconcile_requeues_stale_launch(world, fake_superlink):
@@ -352,12 +366,12 @@ def test_reconcile_all_reads_all_runs_with_one_call(world, fake_superlink, launc
     )  # both running (pools would otherwise hold the second)
     calls = []
 
-    def runs_status(conn, run_ids):
+    def runs_status(conn, run_ids, *, newest=None):
         calls.append(sorted(run_ids))
         done = superlink.RunStatus("x", "finished", "stopped", "", {})
         return {rid: done for rid in run_ids}
 
-    monkeypatch.setattr(tasks.superlink, "runs_status", runs_status)
+    monkeypatch.setattr(services.superlink, "runs_status", runs_status)
     tasks.job_reconcile_all_task()
     assert calls == [sorted([first.flower_run_id, "42"])]
     assert set(FederatedJob.objects.values_list("status", flat=True)) == {JobStatus.STOPPED}
@@ -494,3 +508,129 @@ def test_reconcile_keeps_flowers_run_figures(world, fake_superlink, launch):
         "clientapp_seconds": 2.5,
     }
     assert job.final_metrics["eval_accuracy"] == 0.9
+
+
+# ---------------------------------------------------------------------------------------------
+# Faults: a launch that lost its worker, runs no job holds, a SuperLink that stops answering
+# ---------------------------------------------------------------------------------------------
+
+
+def _launching(world, **fields):
+    """A job as a worker leaves it when it dies right after starting the run."""
+    job = submit(world)
+    FederatedJob.objects.filter(pk=job.pk).update(
+        status=JobStatus.LAUNCHING, started_at=timezone.now(), launch_nonce="n" * 32, **fields
+    )
+    return FederatedJob.objects.get(pk=job.pk)
+
+
+def _run(run_id, job, nonce, status="running"):
+    return superlink.RunStatus(
+        run_id, status, "", "", {}, {"job-id": job.pk, "launch-nonce": nonce}
+    )
+
+
+def test_launch_commits_a_nonce_and_sends_it_in_the_run_config(world, fake_superlink, launch):
+    job = launch(world)
+    assert len(job.launch_nonce) == 32
+    assert fake_superlink.submitted[0]["launch-nonce"] == job.launch_nonce
+
+
+def test_reconcile_records_the_run_a_dead_worker_started_instead_of_starting_another(
+    world, fake_superlink
+):
+    job = _launching(world)
+    fake_superlink.runs = [_run("99", job, "other"), _run("7", job, job.launch_nonce)]
+
+    job = services.job_reconcile(job_id=job.pk)
+
+    assert (job.status, job.flower_run_id) == (JobStatus.RUNNING, "7")
+    assert fake_superlink.submitted == [] and fake_superlink.stopped == []
+    event = AuditEvent.objects.get(action="job.launch", target_id=str(job.pk))
+    assert event.data == {"run_id": "7", "found_by_nonce": True}
+
+
+def test_stale_launch_without_its_run_is_queued_again_with_the_nonce_cleared(
+    world, fake_superlink, settings
+):
+    settings.FRP_STALE_LAUNCH_SECONDS = 60
+    job = _launching(world)
+    FederatedJob.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(minutes=2))
+
+    job = services.job_reconcile(job_id=job.pk)
+
+    assert (job.status, job.launch_nonce) == (JobStatus.QUEUED, "")
+
+
+def test_a_run_whose_nonce_no_job_holds_is_stopped_and_audited(world, fake_superlink, launch):
+    job = launch(world)
+    stale = _run("55", job, "old-nonce")
+    fake_superlink.runs = [stale, _run(job.flower_run_id, job, job.launch_nonce)]
+
+    services.jobs_reconcile()
+
+    assert fake_superlink.stopped == ["55"]
+    event = AuditEvent.objects.get(action="job.orphan_run_stop")
+    assert event.data["run_id"] == "55" and event.target_id == str(job.pk)
+
+
+def test_a_late_run_of_a_launch_the_job_no_longer_holds_is_stopped(world, fake_superlink):
+    job = _launching(world)
+    services.job_run_record(job_id=job.pk, run_id="8", nonce="not-the-jobs")
+    job.refresh_from_db()
+    assert job.flower_run_id == "" and fake_superlink.stopped == ["8"]
+
+
+def test_unreachable_superlink_is_shown_then_fails_the_job_after_the_bound(
+    world, fake_superlink, launch, settings
+):
+    settings.FRP_SUPERLINK_LOST_SECONDS = 60
+    job = launch(world)
+    fake_superlink.error = superlink.SuperLinkUnreachable("the SuperLink at x did not answer")
+
+    services.jobs_reconcile()
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING and job.superlink_lost_at is not None
+    assert job.status_detail.startswith("The SuperLink is unreachable")
+
+    FederatedJob.objects.filter(pk=job.pk).update(
+        superlink_lost_at=timezone.now() - timedelta(seconds=61)
+    )
+    services.jobs_reconcile()
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED
+    assert job.status_detail.startswith("The SuperLink stopped answering")
+    assert set(job.sites.values_list("status", flat=True)) == {JobSiteStatus.FAILED}
+
+
+def test_superlink_answering_again_clears_the_mark(world, fake_superlink, launch):
+    job = launch(world)
+    fake_superlink.error = superlink.SuperLinkUnreachable("down")
+    services.jobs_reconcile()
+    fake_superlink.error = None
+
+    services.jobs_reconcile()
+
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING and job.superlink_lost_at is None
+
+
+def test_a_run_the_superlink_no_longer_knows_fails_the_job(world, fake_superlink, launch):
+    job = launch(world)
+    fake_superlink.error = superlink.RunUnknown("Run ID not found")
+
+    job = services.job_reconcile(job_id=job.pk)
+
+    assert job.status == JobStatus.FAILED
+    assert "no longer knows Flower run" in job.status_detail
+
+
+def test_submit_to_an_unreachable_superlink_leaves_the_job_launching(
+    world, fake_superlink, launch, monkeypatch
+):
+    def unreachable(conn, run_config):
+        raise superlink.SuperLinkUnreachable("the SuperLink at x did not answer")
+
+    monkeypatch.setattr(services.superlink, "run_submit", unreachable)
+    job = launch(world)
+    assert job.status == JobStatus.LAUNCHING and job.superlink_lost_at is not None

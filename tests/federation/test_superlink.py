@@ -1,289 +1,166 @@
-"""Unit tests of the SuperLink boundary (``federation/superlink.py``) against a fake ``flwr`` CLI.
+"""The SuperLink boundary (``federation/superlink.py``) against a real SuperLink (flwr 1.42.0).
 
-The fake is a small Python script that records its arguments, environment and the run-config file it
-was given, then prints canned output. The real CLI is exercised in tests/federation/test_integration.py.
+One SuperLink and one SuperNode per module, on free ports. Runs started here are stopped at once
+(their ServerApp would wait for sites that are not there).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
-import tomllib
+import signal
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 
-from federation import superlink
+from federation import runtime, superlink
+from tests.federation.conftest import wait_for
 
-FAKE_FLWR = """#!{python}
-import json, os, shutil, sys, time
-from pathlib import Path
-
-out = Path({out!r})
-args = sys.argv[1:]
-(out / "argv.json").write_text(json.dumps(args))
-(out / "env.json").write_text(json.dumps({{"FLWR_HOME": os.environ.get("FLWR_HOME"),
-    "FLWR_TELEMETRY_ENABLED": os.environ.get("FLWR_TELEMETRY_ENABLED")}}))
-if "-c" in args:
-    shutil.copy(args[args.index("-c") + 1], out / "run-config.toml")
-time.sleep({sleep})
-sys.stdout.write({stdout!r})
-sys.stderr.write({stderr!r})
-sys.exit({exit_code})
-"""
+pytestmark = pytest.mark.integration
 
 
-class FakeFlwr:
-    """The fake CLI's script and what it recorded."""
-
-    def __init__(self, tmp_path: Path, monkeypatch):
-        self.dir = tmp_path
-        self.script = tmp_path / "flwr"
-        monkeypatch.setattr(superlink, "_flwr", lambda: str(self.script))
-        self.answer({"success": True})
-
-    def answer(self, stdout, *, stderr: str = "", exit_code: int = 0, sleep: float = 0) -> None:
-        text = stdout if isinstance(stdout, str) else json.dumps(stdout)
-        self.script.write_text(
-            FAKE_FLWR.format(
-                python=sys.executable,
-                out=str(self.dir),
-                stdout=text,
-                stderr=stderr,
-                exit_code=exit_code,
-                sleep=sleep,
-            )
-        )
-        self.script.chmod(0o755)
-
-    @property
-    def argv(self) -> list[str]:
-        return json.loads((self.dir / "argv.json").read_text())
-
-    @property
-    def env(self) -> dict:
-        return json.loads((self.dir / "env.json").read_text())
-
-    @property
-    def run_config(self) -> dict:
-        with (self.dir / "run-config.toml").open("rb") as fh:
-            return tomllib.load(fh)
-
-
-@pytest.fixture
-def flwr(tmp_path, monkeypatch) -> FakeFlwr:
-    return FakeFlwr(tmp_path, monkeypatch)
-
-
-@pytest.fixture
-def conn(tmp_path) -> superlink.Connection:
-    return superlink.Connection(
-        flwr_home=tmp_path / "flwr-home", federation="local-frp", app_dir=tmp_path / "app"
+@pytest.fixture(scope="module")
+def link(tmp_path_factory):
+    """A running SuperLink with one SuperNode, and a ``Connection`` to it."""
+    root = tmp_path_factory.mktemp("superlink")
+    state = runtime.start(
+        root / "federation",
+        [runtime.LocalSite(site="hospital-a", store_url=f"file://{root}/a", keyring=str(root))],
     )
+    runtime.write_state_control_config(root / "control", "local", state)
+    conn = superlink.Connection(
+        flwr_home=root / "control", federation="local", app_dir=settings.FRP_FLWR_APP_DIR
+    )
+    yield conn, state
+    runtime.stop(state)
 
 
-# ---------------------------------------------------------------------------------------------
-# Errors
-# ---------------------------------------------------------------------------------------------
+def _start(conn, **config) -> str:
+    run_id = superlink.run_submit(conn, {"job-id": 1, "discovery-timeout": 1.0, **config})
+    superlink.run_stop(conn, run_id)
+    return run_id
 
 
-def test_call_success_false_with_exit_0_raises_with_message(flwr, conn):
-    flwr.answer({"success": False, "error-message": "boom"}, exit_code=0)
-
-    with pytest.raises(superlink.SuperLinkError, match="boom"):
-        superlink.run_submit(conn, {"job-id": 1})
-
-
-def test_call_non_json_output_raises(flwr, conn):
-    flwr.answer("Traceback (most recent call last):\n  oops\n", exit_code=0)
-
-    with pytest.raises(superlink.SuperLinkError, match="no JSON") as err:
-        superlink.run_status(conn, "7")
-    assert "oops" in str(err.value)
-
-
-def test_call_no_output_failure_reports_stderr(flwr, conn):
-    flwr.answer("", stderr="connection refused: 127.0.0.1:9093", exit_code=1)
-
-    with pytest.raises(superlink.SuperLinkError, match="connection refused"):
-        superlink.run_stop(conn, "7")
-
-
-def test_call_timeout_raises(flwr, conn, monkeypatch):
-    monkeypatch.setattr(superlink, "CLI_TIMEOUT_SECONDS", 0.5)
-    flwr.answer({"success": True}, sleep=10)
-
-    with pytest.raises(superlink.SuperLinkError, match="timed out"):
-        superlink.run_stop(conn, "7")
-
-
-def test_call_passes_flwr_home_and_disables_telemetry(flwr, conn):
-    flwr.answer({"success": True})
-
-    superlink.run_stop(conn, "7")
-
-    assert flwr.env == {"FLWR_HOME": str(conn.flwr_home), "FLWR_TELEMETRY_ENABLED": "0"}
-
-
-# ---------------------------------------------------------------------------------------------
-# run_submit
-# ---------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("run_id", [42, 18446744073709551615, "9001"])
-def test_run_submit_returns_run_id_as_string(flwr, conn, run_id):
-    flwr.answer({"success": True, "run-id": run_id})
-
-    result = superlink.run_submit(conn, {"job-id": 1})
-
-    assert result == str(run_id)
-
-
-def test_run_submit_without_run_id_raises(flwr, conn):
-    flwr.answer({"success": True})
-
-    with pytest.raises(superlink.SuperLinkError, match="no run id"):
-        superlink.run_submit(conn, {"job-id": 1})
-
-
-def test_run_submit_calls_flwr_run_with_app_federation_and_config(flwr, conn):
-    flwr.answer({"success": True, "run-id": 1})
-
-    superlink.run_submit(conn, {"job-id": 1})
-
-    argv = flwr.argv
-    assert argv[:3] == ["run", str(conn.app_dir), "local-frp"]
-    assert argv[3] == "-c" and argv[4].endswith(".toml")
-    assert argv[5:] == ["--format", "json"]
-    assert not os.path.exists(argv[4])  # the temporary config file is removed afterwards
-
-
-def test_run_submit_config_file_removed_when_refused(flwr, conn):
-    flwr.answer({"success": False, "error-message": "no such federation"})
-
-    with pytest.raises(superlink.SuperLinkError):
-        superlink.run_submit(conn, {"job-id": 1})
-
-    assert not os.path.exists(flwr.argv[4])
-
-
-def test_run_submit_run_config_survives_toml_round_trip(flwr, conn):
+def test_run_submit_returns_a_uint64_run_id_and_the_config_arrives_typed(link):
+    conn, _ = link
     spec = json.dumps({"sites": {"a": {"store_key": 'a/"x"\\v1'}}, "target": "y"})
     config = {
         "job-id": 17,
         "job-spec": spec,
         "callback-url": "http://127.0.0.1:8000/jobs/callback/17/",
-        "quoted": 'he said "hi"',
-        "backslashes": "C:\\data\\new\\table.csv",
-        "multiline": "first line\nsecond line\ttab",
-        "unicode": "Universitätsklinikum — ✓",
-        "empty": "",
+        "reply-log": "C:\\data\\new\\table.csv — Universitätsklinikum ✓\nsecond line\ttab",
+        "launch-nonce": "",
         "num-rounds": 5,
-        "negative": -3,
-        "learning-rate": 0.1,
-        "tiny": 1e-07,
+        "learning-rate": 1e-07,
         "round-timeout": 120.0,
-        "flag-on": True,
-        "flag-off": False,
+        "contribution": False,
     }
-    flwr.answer({"success": True, "run-id": 1})
 
-    superlink.run_submit(conn, config)
+    run_id = superlink.run_submit(conn, config)
+    superlink.run_stop(conn, run_id)
 
-    received = flwr.run_config
-    assert received == config
-    assert json.loads(received["job-spec"])["sites"]["a"]["store_key"] == 'a/"x"\\v1'
-    assert isinstance(received["num-rounds"], int) and isinstance(received["round-timeout"], float)
-    assert isinstance(received["flag-on"], bool)
-
-
-# ---------------------------------------------------------------------------------------------
-# run_status and run_stop
-# ---------------------------------------------------------------------------------------------
+    assert run_id.isdigit() and 0 < int(run_id) < 2**64
+    stored = superlink.run_status(conn, run_id).run_config
+    assert stored == config
+    assert json.loads(stored["job-spec"])["sites"]["a"]["store_key"] == 'a/"x"\\v1'
+    assert isinstance(stored["num-rounds"], int) and isinstance(stored["round-timeout"], float)
+    assert stored["contribution"] is False
 
 
-def _ls(status: str, **extra) -> dict:
-    return {"success": True, "runs": [{"run-id": 7, "status": status, **extra}]}
+def test_run_stop_finishes_the_run_as_stopped_with_usage_figures(link):
+    conn, _ = link
+
+    run_id = _start(conn)
+
+    run = wait_for(
+        lambda: (r := superlink.run_status(conn, run_id)).is_finished and r,
+        timeout=60,
+        what="the stopped run to finish",
+    )
+    assert (run.run_id, run.status, run.sub_status) == (run_id, "finished", "stopped")
+    assert set(run.usage) == {
+        "elapsed_seconds",
+        "bytes_inbound",
+        "bytes_outbound",
+        "serverapp_seconds",
+        "clientapp_seconds",
+    }
+    assert all(v >= 0 for v in run.usage.values())
 
 
-def test_run_status_finished_completed_parsed(flwr, conn):
-    flwr.answer(_ls("finished:completed", **{"status-details": "all rounds done"}))
+def test_runs_list_is_newest_first_within_its_limit_and_runs_status_finds_older_runs(link):
+    conn, _ = link
+    older, middle, newest = (_start(conn, **{"job-id": n}) for n in (101, 102, 103))
 
-    run = superlink.run_status(conn, "7")
+    page = superlink.runs_list(conn, limit=2)
 
-    assert (run.run_id, run.status, run.sub_status) == ("7", "finished", "completed")
-    assert run.details == "all rounds done"
-    assert run.is_finished
-    assert flwr.argv == ["ls", "local-frp", "--run-id", "7", "--format", "json"]
-
-
-@pytest.mark.parametrize(
-    ("reported", "status", "sub_status"),
-    [
-        ("finished:failed", "finished", "failed"),
-        ("finished:stopped", "finished", "stopped"),
-        ("running", "running", ""),
-        ("pending", "pending", ""),
-    ],
-)
-def test_run_status_parses_status_and_sub_status(flwr, conn, reported, status, sub_status):
-    flwr.answer(_ls(reported))
-
-    run = superlink.run_status(conn, "7")
-
-    assert (run.status, run.sub_status) == (status, sub_status)
-    assert run.is_finished is (status == "finished")
+    assert [r.run_id for r in page] == [newest, middle]
+    found = superlink.runs_status(conn, [older, newest, "12345"], newest=page)
+    assert set(found) == {older, newest}  # the older one by its own request; 12345 is unknown
+    assert found[older].run_config["job-id"] == 101
 
 
-def test_run_status_unknown_run_raises(flwr, conn):
-    flwr.answer({"success": True, "runs": []})
+def test_run_status_of_an_unknown_run_raises_run_unknown(link):
+    conn, _ = link
 
-    with pytest.raises(superlink.SuperLinkError, match="does not know run 7"):
-        superlink.run_status(conn, "7")
-
-
-def test_run_stop_calls_flwr_stop(flwr, conn):
-    flwr.answer({"success": True})
-
-    superlink.run_stop(conn, "18446744073709551615")
-
-    assert flwr.argv == ["stop", "18446744073709551615", "local-frp", "--format", "json"]
+    with pytest.raises(superlink.RunUnknown, match="does not know run 12345"):
+        superlink.run_status(conn, "12345")
+    with pytest.raises(superlink.RunUnknown, match="Run ID not found"):
+        superlink.run_stop(conn, "12345")
 
 
-def test_run_status_usage_reads_flowers_per_run_figures(flwr, conn):
-    # The JSON flwr 1.42 `ls --run-id` prints (flwr/cli/ls.py `_to_json`).
-    flwr.answer(
-        _ls(
-            "finished:completed",
-            elapsed=20.5,
-            **{
-                "network-traffic": {
-                    "inbound-bytes": 4096,
-                    "outbound-bytes": 8192,
-                    "total-bytes": 12288,
-                },
-                "compute-time": {
-                    "serverapp-seconds": 19.0,
-                    "clientapp-seconds": 1.25,
-                    "total-seconds": 20.25,
-                },
-            },
-        )
+def test_nodes_list_reports_the_connected_supernode_online(link):
+    conn, _ = link
+
+    nodes = wait_for(
+        lambda: [n for n in superlink.nodes_list(conn) if n.status == "online"],
+        timeout=60,
+        what="the SuperNode to be online",
     )
 
-    run = superlink.run_status(conn, "7")
-
-    assert run.usage == {
-        "elapsed_seconds": 20.5,
-        "bytes_inbound": 4096,
-        "bytes_outbound": 8192,
-        "serverapp_seconds": 19.0,
-        "clientapp_seconds": 1.25,
-    }
+    (node,) = nodes
+    assert node.node_id.isdigit()
+    assert node.registered_at is not None and node.last_seen is not None
+    assert node.registered_at <= node.last_seen
+    assert node.heartbeat_seconds > 0
 
 
-def test_run_status_usage_empty_when_not_reported(flwr, conn):
-    flwr.answer(_ls("running"))
+def test_a_closed_port_raises_superlink_unreachable_naming_the_address(tmp_path):
+    port = runtime.free_port()
+    runtime.write_control_config(tmp_path, "local", f"127.0.0.1:{port}")
+    conn = superlink.Connection(flwr_home=tmp_path, federation="local", app_dir=tmp_path)
 
-    assert superlink.run_status(conn, "7").usage == {}
+    with pytest.raises(superlink.SuperLinkUnreachable, match=f"127.0.0.1:{port}"):
+        superlink.runs_list(conn)
+
+
+def test_a_missing_connection_file_or_name_is_a_readable_error(tmp_path):
+    conn = superlink.Connection(flwr_home=tmp_path, federation="local", app_dir=tmp_path)
+    with pytest.raises(superlink.SuperLinkError, match="no SuperLink connection file"):
+        superlink.runs_list(conn)
+
+    runtime.write_control_config(tmp_path, "other", "127.0.0.1:1")
+    with pytest.raises(superlink.SuperLinkError, match="names no SuperLink connection 'local'"):
+        superlink.runs_list(conn)
+
+
+def test_a_bad_app_folder_is_a_superlink_error(link, tmp_path):
+    conn, _ = link
+    bad = superlink.Connection(flwr_home=conn.flwr_home, federation="local", app_dir=tmp_path)
+
+    with pytest.raises(superlink.SuperLinkError, match="cannot build the Flower App"):
+        superlink.run_submit(bad, {"job-id": 1})
+
+
+def test_a_stopped_superlink_is_unreachable(tmp_path):
+    state = runtime.start(tmp_path / "federation", [])
+    runtime.write_state_control_config(tmp_path / "control", "local", state)
+    conn = superlink.Connection(flwr_home=tmp_path / "control", federation="local", app_dir=Path())
+    assert superlink.runs_list(conn) == []
+
+    os.killpg(state.superlink_pid, signal.SIGKILL)
+    runtime.stop(state)
+
+    with pytest.raises(superlink.SuperLinkUnreachable):
+        superlink.runs_list(conn)

@@ -375,8 +375,50 @@ def test_job_progress_json_returns_round_metrics(pi_client, world, job_with_roun
             "eval_examples": 10,
             "eval_accuracy": 0.9,
             "error": "",
+            "lost_in_round": None,
         }
     ]
+    assert data["sites_lost"] == []
+
+
+def test_a_lost_site_is_named_with_its_round_and_counted(pi_client, world, job_with_rounds):
+    v = world["versions"][1]
+    js = JobSite.objects.create(
+        job=job_with_rounds, site=v.dataset.site, dataset_version=v, status="dropped"
+    )
+    SiteRoundMetric.objects.create(job_site=js, round=1, train_examples=40)
+    SiteRoundMetric.objects.create(
+        job_site=js, round=2, ok=False, error="Its SuperNode went offline."
+    )
+    js.last_error = "Its SuperNode went offline."
+    js.save()
+
+    data = pi_client.get(f"/jobs/{job_with_rounds.pk}/progress.json").json()
+    html = pi_client.get(f"/jobs/{job_with_rounds.pk}/").content.decode()
+
+    slug = v.dataset.site.slug
+    assert data["sites_lost"] == [
+        {"site": slug, "round": 2, "error": "Its SuperNode went offline."}
+    ]
+    assert [s["lost_in_round"] for s in data["sites"]] == [None, 2]
+    assert "1 of 2 sites lost:" in html and f"<code>{slug}</code> in round 2" in html
+    assert "Lost in round 2: Its SuperNode went offline." in html
+
+
+def test_supernodes_page_is_for_platform_admins_and_says_when_the_superlink_is_silent(
+    client, world, settings, tmp_path
+):
+    settings.FRP_FLWR_HOME = tmp_path  # no connection file: the SuperLink cannot be asked
+    client.force_login(world["pi"])
+    assert client.get("/jobs/supernodes/").status_code == 404
+
+    world["pi"].is_staff = True
+    world["pi"].save()
+    response = client.get("/jobs/supernodes/")
+
+    assert response.status_code == 200
+    assert "The SuperLink did not answer" in response.content.decode()
+    assert "no SuperLink connection file" in response.content.decode()
 
 
 def test_job_progress_json_accounting_empty_until_the_worker_wrote_it(pi_client, job_with_rounds):

@@ -45,6 +45,11 @@ SITE = "hospital-w"
 ROUNDS = 2
 
 
+def _nodes(conn) -> dict:
+    """The SuperLink's SuperNodes by node id."""
+    return {n.node_id: n for n in superlink.nodes_list(conn)}
+
+
 def _run(args, *, env=None, cwd=None, timeout=900) -> subprocess.CompletedProcess:
     proc = subprocess.run(
         args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
@@ -185,7 +190,7 @@ def test_site_from_kit_joins_a_real_job(site_venv, wheel_world, django_db_blocke
                 node_id = site.supernodes.get().node_id
                 conn = services.superlink_connection()
                 wait_for(
-                    lambda: superlink.nodes_list(conn)[node_id].status == "online",
+                    lambda: _nodes(conn)[node_id].status == "online",
                     timeout=180,
                     what="the wheel's SuperNode online",
                 )

@@ -279,7 +279,9 @@ class RunConfig:
 
     Units: ``*-timeout`` and ``poll-interval`` in seconds; ``test-fraction`` is the share of each
     site's rows held out for evaluation (0 < f < 1). ``reply-log``: a file on the SuperLink's host
-    where the ServerApp appends every reply it receives (empty: off).
+    where the ServerApp appends every reply it receives (empty: off). ``launch-nonce``: the
+    portal's idempotency key of this launch, recorded on the job before the run is started, so the
+    portal finds a run it already started (not a secret: every site sees it).
     """
 
     job_id: int = 0
@@ -296,6 +298,7 @@ class RunConfig:
     poll_interval: float = 0.2
     contribution: bool = True
     reply_log: str = ""
+    launch_nonce: str = ""
 
     _READERS: ClassVar[dict] = {
         "job_id": lambda v, w: read_int(v, w, lo=0, hi=MAX_COUNT),
@@ -312,6 +315,7 @@ class RunConfig:
         "poll_interval": lambda v, w: read_float(v, w, lo=0.001, hi=60.0),
         "contribution": read_bool,
         "reply_log": lambda v, w: read_str(v, w, max_len=4096),
+        "launch_nonce": lambda v, w: read_str(v, w, max_len=64),
     }
 
     @classmethod

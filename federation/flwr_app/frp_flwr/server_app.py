@@ -76,6 +76,7 @@ from frp_flwr.task import (
     coalition_models,
     combine_sums,
     init_params,
+    readable_error,
     sanitise,
     sort_classes,
     stack_models,
@@ -235,7 +236,7 @@ def exchange(grid: Grid, messages: list[Message], *, timeout: float, poll: float
             node = node_of[mid]
             REPLY_LOG.write(node, reply)
             if reply.has_error():
-                out.errors[node] = sanitise(reply.error.reason or "unknown error")
+                out.errors[node] = sanitise(readable_error(reply.error.reason))
             else:
                 out.replies[node] = reply
         if pending:
@@ -295,7 +296,7 @@ def discover(
         for node, error in result.errors.items():
             # A member site that could not open its data names itself in the error text.
             for site in spec.sites:
-                if f"site {site!r}" in error:
+                if f"site {site!r}" in error.lower():
                     site_error[site] = error
                     site_node.setdefault(site, node)
     return site_node, site_reply, site_error
@@ -471,6 +472,14 @@ def _site_round(entry: dict) -> SiteRound:
     )
 
 
+def _without_site(error: str, site: str) -> str:
+    """``error`` without its leading ``site 'x':`` (the sentence names the site already)."""
+    prefix = f"site {site!r}: "
+    if error.lower().startswith(prefix):
+        error = error[len(prefix) :]
+    return error[:1].upper() + error[1:]
+
+
 @dataclass
 class _Run:
     """What one run carries from step to step (see :func:`run_job`).
@@ -540,12 +549,12 @@ def _discover_sites(
         )
     )
     if len(active) < spec.min_sites:
-        problems = [f"{s}: not connected" for s in missing] + [
-            f"{s}: {e}" for s, e in sorted(site_error.items())
+        problems = [f"{s} is not connected." for s in missing] + [
+            f"{s} could not take part: {_without_site(e, s)}" for s, e in sorted(site_error.items())
         ]
         raise JobFailed(
-            f"only {len(active)} of {len(spec.sites)} sites ready (need {spec.min_sites}); "
-            + "; ".join(problems)
+            f"Only {len(active)} of {len(spec.sites)} sites could take part, and the job needs "
+            f"{spec.min_sites}. " + " ".join(problems)
         )
     return active, site_reply
 

@@ -89,6 +89,31 @@ class SiteDataError(Exception):
 _PATH_RE = re.compile(r"[^\s'\"():,]*[/\\][^\s'\"():,]*")
 
 
+_FLOWER_EXCEPTION_RE = re.compile(r"^<class '(?:[\w.]*\.)?(\w+)'>:<'(.*)'>$", re.DOTALL)
+_NODE_UNAVAILABLE = "Node Unavailable"
+
+
+def readable_error(reason: str) -> str:
+    """A Flower error reason as a sentence for the researcher.
+
+    Flower wraps a ClientApp's exception as ``<class 'pkg.Name'>:<'message'>``
+    (``flwr/supernode/runtime/run_clientapp.py``): a ``SiteDataError`` becomes its message, any
+    other exception ``Name: message``. The SuperLink's *Node Unavailable* error says the SuperNode
+    went offline. The result starts with a capital letter and ends with a full stop.
+    """
+    text = (reason or "").strip() or "unknown error"
+    match = _FLOWER_EXCEPTION_RE.match(text)
+    if match:
+        name, message = match.groups()
+        text = message if name == "SiteDataError" else f"{name}: {message}"
+    elif _NODE_UNAVAILABLE in text:
+        text = "its SuperNode went offline (no heartbeat reached the SuperLink in time)"
+    elif text.startswith("Error: "):
+        text = text[len("Error: ") :]
+    text = text[:1].upper() + text[1:]
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
 def sanitise(text: str, limit: int = 300) -> str:
     """Replace every path-like token (anything containing ``/`` or ``\\``) with ``<path>``, then
     bound the length (characters): errors crossing the site boundary name no site file or host."""

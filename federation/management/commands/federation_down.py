@@ -11,7 +11,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         try:
-            state = runtime.load_state(settings.VAR_DIR / "federation")
+            state = runtime.load_state(settings.FRP_FEDERATION_DIR)
         except runtime.RuntimeError_ as exc:
             self.stdout.write(str(exc))
             return

@@ -24,7 +24,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        root = settings.VAR_DIR / "federation"
+        root = settings.FRP_FEDERATION_DIR
         try:
             state = runtime.load_state(root)
             if runtime.is_running(state):

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('portal', '0005_idp_client_secret_sealed'),
+        ('portal', '0006_audit_institution_newest_index'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

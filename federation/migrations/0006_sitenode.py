@@ -7,8 +7,8 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('federation', '0002_callback_seq'),
-        ('portal', '0006_site_revoked_at_sitecredential'),
+        ('federation', '0005_pool_resources_and_scheduling'),
+        ('portal', '0007_site_revoked_at_sitecredential'),
     ]
 
     operations = [

@@ -1,0 +1,105 @@
+"""Reads of compute pools: the queue with reasons, the calendar's series and planned jobs,
+recent carbon readings. Callers check ``pool.manage`` first."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db.models import Q
+from django.utils import timezone
+
+from federation.models import CarbonReading, ComputePool, FederatedJob, JobStatus
+
+CALENDAR_DAYS = 7
+
+#: Slurm-style reason codes and what they mean, for the queue pages.
+REASONS = {
+    "Resources": "The pools' cores, memory, GPUs or slots are taken until running jobs end.",
+    "Priority": "Resources are held for jobs of higher priority (reserved or started first).",
+    "Window": "A pool of the job is not lent at this time; it starts when the window opens.",
+    "Budget": "The estimated cost exceeds the project's remaining budget.",
+    "NodeDown": "The SuperNode of one of the job's sites is offline.",
+    "DeadlineUnreachable": "The earliest possible end is after the job's deadline.",
+    "TimeShift": "Waiting for the cheapest or lowest-carbon start before the deadline.",
+    "Quota": "The project's quota on a pool is in use by its other jobs.",
+}
+
+
+def _jobs_at(pool: ComputePool):
+    return FederatedJob.objects.filter(sites__site=pool.site).select_related(
+        "project", "submitted_by"
+    )
+
+
+def pool_queue(*, pool: ComputePool) -> dict:
+    """``running``: LAUNCHING/RUNNING jobs at the pool's site; ``queued``: QUEUED ones by
+    scheduler priority (highest first), each with ``reason_text``; ``reasons``: the legend."""
+    running = list(
+        _jobs_at(pool)
+        .filter(status__in=[JobStatus.LAUNCHING, JobStatus.RUNNING])
+        .order_by("started_at")
+    )
+    queued = list(
+        _jobs_at(pool).filter(status=JobStatus.QUEUED).order_by("-sched_priority", "created_at")
+    )
+    for job in queued:
+        job.reason_text = REASONS.get(job.sched_reason, "")
+    for job in running:
+        job.expected_end = (job.started_at or timezone.now()) + timedelta(
+            seconds=job.estimated_seconds
+        )
+    return {"running": running, "queued": queued, "reasons": REASONS}
+
+
+def pool_calendar(*, pool: ComputePool) -> dict:
+    """Hourly series for the next ``CALENDAR_DAYS`` days and the planned jobs.
+
+    ``{"hours": [ISO 8601 UTC, …], "available": [0|1], "foreign_only": [0|1], "price": [per
+    service unit·hour], "carbon": [gCO2e/kWh], "currency": str, "jobs": [{"id", "title",
+    "start", "end", "status"}]}``.
+    """
+    from federation.admission import pool_series
+
+    now = timezone.now().replace(minute=0, second=0, microsecond=0)
+    steps = CALENDAR_DAYS * 24
+    series = pool_series(pool, start=now, steps=steps, step_s=3600)
+    foreign = series["foreign_available"] or [False] * steps
+    horizon = now + timedelta(days=CALENDAR_DAYS)
+    jobs = []
+    for job in _jobs_at(pool).filter(
+        Q(status=JobStatus.QUEUED, est_start__lt=horizon)
+        | Q(status__in=[JobStatus.LAUNCHING, JobStatus.RUNNING])
+    ):
+        if job.status == JobStatus.QUEUED:
+            start, end = job.est_start, job.est_end
+        else:
+            start = job.started_at or now
+            end = start + timedelta(seconds=job.estimated_seconds)
+        if start is None or end is None:
+            continue
+        jobs.append(
+            {
+                "id": job.pk,
+                "title": job.title,
+                "start": start.isoformat(),
+                "end": end.isoformat(),
+                "status": job.status,
+            }
+        )
+    return {
+        "hours": [(now + timedelta(hours=h)).isoformat() for h in range(steps)],
+        "available": [int(a) for a in series["available"]],
+        "foreign_only": [
+            int(f and not a) for a, f in zip(series["available"], foreign, strict=True)
+        ],
+        "price": [round(p, 4) for p in series["price"]],
+        "carbon": [round(c, 1) for c in series["carbon"]],
+        "currency": pool.currency,
+        "jobs": sorted(jobs, key=lambda j: j["start"]),
+    }
+
+
+def carbon_readings_recent(*, pool: ComputePool, limit: int = 48):
+    """The pool's readings from an hour ago on, oldest first (at most ``limit``)."""
+    since = timezone.now() - timedelta(hours=1)
+    return list(CarbonReading.objects.filter(pool=pool, at__gte=since).order_by("at")[:limit])

@@ -1,0 +1,525 @@
+"""One scheduler pass: a pure function from a ``Snapshot`` to a list of ``Decision``.
+
+The same code runs in the portal (``federation.admission``) and in the simulator
+(``benchmarks/scheduler.py``). No clock, no database, no randomness: the snapshot is all it reads.
+
+Algorithm (per pass):
+
+1. Order the queue by multifactor priority (``priority``), ties by submission time and id; or by
+   submission time alone (``Config.order="fifo"``).
+2. Build the availability profile: free ``(slots, cores, GiB, GPUs)`` per pool and step over the
+   horizon, less the running jobs until their estimated ends; windows are masks per pool
+   (``Pool.available``, plus ``Pool.foreign_available`` for projects of other institutions).
+3. For each job in order, find the starts where *every* pool it asks for has its demand free and
+   open for the whole run (gang admission), within the project's quota per pool.
+   - ``ASAP``: the earliest such start; ``CHEAPEST`` / ``GREENEST``: the start before the deadline
+     with the least cost / emissions (earliest among equals), else the earliest (``late``) —
+     time shifting after Wiesner et al., "Let's Wait Awhile" (Middleware 2021), section 4.
+   - A start at step 0 is START; the resources are taken from the profile.
+   - EASY backfill (Lifka 1995; Mu'alem & Feitelson, IEEE TPDS 12(6), 2001): the first job that
+     cannot start now (the head) gets a reservation (PLAN) at its earliest start; later jobs start
+     now only where the profile *with that reservation* still has room, so backfill never delays
+     the head. Time-shifted jobs reserve their chosen start too. Without backfill a blocked job
+     stops every later job that shares one of its pools (first come, first served per pool, as
+     the portal admitted jobs before this scheduler).
+   - Budgets: starts whose cost exceeds ``Job.budget_cap`` are not considered; a job with none
+     left is REFUSED (Budget). A job whose cost exceeds its project's remaining budget (less what
+     this pass already started or planned) WAITs (Budget).
+   - Preemption: a blocked job of a higher QoS may stop running preemptible jobs of a lower QoS on
+     its pools (newest first) when that lets it start now.
+4. Every job not started gets a reason code (``Reason``) and, with ``Config.estimate_all``, an
+   estimated start on the profile as it stands when its turn comes.
+
+Cost and emissions of a run: Σ over its pools and steps of price × service units × hours and
+intensity × power × hours, scaled to ``duration_s`` (the last step is partly used).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from federation.scheduling.model import (
+    QOS_LEVELS,
+    Action,
+    Config,
+    Decision,
+    Job,
+    Policy,
+    Reason,
+    Snapshot,
+)
+from federation.scheduling.priority import fairshare_factors, job_priority
+
+_EPS = 1e-9
+
+
+def _series(values, steps: int, default: float) -> np.ndarray:
+    """``values`` as a float array of ``steps`` entries, padded with its last value."""
+    if values is None or len(values) == 0:
+        return np.full(steps, default, dtype=float)
+    arr = np.asarray(values[:steps], dtype=float)
+    if len(arr) < steps:
+        arr = np.concatenate([arr, np.full(steps - len(arr), arr[-1])])
+    return arr
+
+
+def price_multipliers(snapshot: Snapshot, free: np.ndarray, cap: np.ndarray, open_: np.ndarray):
+    """Demand-responsive price multipliers, shape ``(pools, steps)``.
+
+    ``occupancy[p, t]`` = share of the pool's cores held by running jobs at step ``t``;
+    ``backlog[p]`` = core-steps the queue asks of the pool ÷ the pool's open core-steps over the
+    horizon. Multiplier = ``clip(1 + elasticity × (occupancy + backlog), low, high)`` for a pool
+    with ``demand_pricing``, else 1. Scarce hours cost more, idle hours stay at the base price.
+    """
+    n_pools, steps = free.shape[0], free.shape[2]
+    mult = np.ones((n_pools, steps))
+    index = {p.id: i for i, p in enumerate(snapshot.pools)}
+    want = np.zeros(n_pools)
+    for job in snapshot.queued:
+        d = max(1, math.ceil(job.duration_s / snapshot.step_s))
+        for pid, r in job.demands.items():
+            if pid in index:
+                want[index[pid]] += r.cores * d
+    for i, pool in enumerate(snapshot.pools):
+        dp = pool.demand_pricing
+        if dp is None or cap[i, 1] <= 0:
+            continue
+        occupancy = 1.0 - free[i, 1] / cap[i, 1]
+        open_core_steps = open_[i].sum() * cap[i, 1]
+        backlog = want[i] / open_core_steps if open_core_steps else 0.0
+        mult[i] = np.clip(1.0 + dp.elasticity * (occupancy + backlog), dp.low, dp.high)
+    return mult
+
+
+class _Profile:
+    """The availability profile and per-pool series of one pass (internal)."""
+
+    def __init__(self, snapshot: Snapshot):
+        self.snapshot = snapshot
+        self.steps = T = int(snapshot.horizon_steps)
+        self.step_s = float(snapshot.step_s)
+        self.step_h = self.step_s / 3600.0
+        pools = list(snapshot.pools)
+        self.pools = pools
+        self.index = {p.id: i for i, p in enumerate(pools)}
+        self.cap = np.array(
+            [[p.slots, p.capacity.cores, p.capacity.memory_gib, p.capacity.gpus] for p in pools],
+            dtype=float,
+        ).reshape(len(pools), 4)
+        self.cap_rows = self.cap.tolist()
+        self.free = np.repeat(self.cap[:, :, None], T, axis=2)
+        self.avail = np.array(
+            [_series(p.available, T, 1.0) > 0.5 for p in pools], dtype=bool
+        ).reshape(len(pools), T)
+        self.favail = np.array(
+            [_series(p.foreign_available, T, 0.0) > 0.5 for p in pools], dtype=bool
+        ).reshape(len(pools), T)
+        self.open_foreign = self.avail | self.favail
+        self.online = np.array([p.online for p in pools], dtype=bool)
+        self.inst = [p.institution for p in pools]
+        self.quota_free: dict[tuple[str, int], np.ndarray] = {}
+        self.running_end: dict[int, int] = {}
+        for run in snapshot.running:
+            end = self.end_step(run.end_s)
+            self.running_end[run.id] = end
+            self._take(run.project, run.demands, 0, end, sign=-1.0)
+        self.base_free = self.free.copy()
+        mult = price_multipliers(snapshot, self.free, self.cap, self.open_foreign)
+        price = np.array([_series(p.price, T, 0.0) for p in pools]).reshape(len(pools), T)
+        carbon = np.array([_series(p.carbon, T, 0.0) for p in pools]).reshape(len(pools), T)
+        self.price = price * mult  # currency per service unit per hour, per step
+        self.carbon = carbon
+        zeros = np.zeros((len(pools), 1))
+        self.cum_price = np.concatenate([zeros, np.cumsum(self.price * self.step_h, axis=1)], 1)
+        self.cum_carbon = np.concatenate([zeros, np.cumsum(self.carbon * self.step_h, axis=1)], 1)
+
+    def end_step(self, end_s: float) -> int:
+        """Steps from now until ``end_s`` (at least 1: a running job holds step 0)."""
+        return min(self.steps, max(1, math.ceil((end_s - self.snapshot.now_s) / self.step_s)))
+
+    def _quota(self, project: str, pid: int) -> np.ndarray | None:
+        key = (project, pid)
+        if key in self.quota_free:
+            return self.quota_free[key]
+        account = self.snapshot.accounts.get(project)
+        if account is None or pid not in account.quotas:
+            return None
+        q = account.quotas[pid]
+        arr = np.repeat(np.array([[q.cores], [q.memory_gib], [q.gpus]], float), self.steps, 1)
+        self.quota_free[key] = arr
+        return arr
+
+    def _take(self, project: str, demands, start: int, end: int, sign: float) -> None:
+        for pid, r in demands.items():
+            i = self.index.get(pid)
+            if i is None:
+                continue
+            self.free[i, :, start:end] += sign * np.asarray(r.vector())[:, None]
+            q = self._quota(project, pid)
+            if q is not None:
+                q[:, start:end] += sign * np.asarray(r.vector()[1:])[:, None]
+
+
+class _Request:
+    """A queued job prepared against a profile (internal)."""
+
+    def __init__(self, job: Job, prof: _Profile):
+        self.job = job
+        self.pids = list(job.demands)
+        self.idx = [prof.index[p] for p in self.pids]
+        account = prof.snapshot.accounts.get(job.project)
+        home = account.institution if account else None
+        self.has_quota = bool(account and any(p in account.quotas for p in self.pids))
+        # (pool row, open-steps row, [(resource row, amount), …] of what the job asks for).
+        self.needs = []
+        su, kw = [], []
+        for pid, i in zip(self.pids, self.idx, strict=True):
+            x = job.demands[pid]
+            pool = prof.pools[i]
+            rows = [(r, v - _EPS) for r, v in enumerate(x.vector()) if v > 0]
+            opened = prof.open_foreign[i] if prof.inst[i] != home else prof.avail[i]
+            self.needs.append((i, opened, rows))
+            su.append(
+                pool.cpu_weight * x.cores
+                + pool.memory_weight * x.memory_gib
+                + pool.gpu_weight * x.gpus
+            )
+            kw.append((pool.watts_per_core * x.cores + pool.watts_per_gpu * x.gpus) / 1000.0)
+        self.su, self.kw = su, kw
+        self.d = max(1, math.ceil(job.duration_s / prof.step_s))
+        self.frac = job.duration_s / (self.d * prof.step_s) if job.duration_s > 0 else 0.0
+        self.energy_kwh = sum(kw) * job.duration_s / 3600.0
+        if job.deadline_s is None:
+            self.last_start = prof.steps
+        else:
+            self.last_start = math.floor(
+                (job.deadline_s - job.duration_s - prof.snapshot.now_s) / prof.step_s + _EPS
+            )
+
+    def _fits(self, free: np.ndarray, lo: int, hi: int, windows: bool = True) -> np.ndarray:
+        """Per step in ``[lo, hi)``: every pool is open to the job (unless not ``windows``) and
+        has its demand free in ``free``."""
+        ok = np.ones(hi - lo, dtype=bool)
+        for i, opened, rows in self.needs:
+            if windows:
+                ok &= opened[lo:hi]
+            for r, v in rows:
+                ok &= free[i, r, lo:hi] >= v
+        return ok
+
+    def open_now(self) -> bool:
+        """Every pool is open to the job for its whole run from now."""
+        return all(opened[: self.d].all() for _, opened, _ in self.needs)
+
+    def _quota_ok(self, prof: _Profile, lo: int, hi: int) -> np.ndarray:
+        ok = np.ones(hi - lo, dtype=bool)
+        if not self.has_quota:
+            return ok
+        for pid in self.pids:
+            q = prof._quota(self.job.project, pid)
+            if q is not None:
+                need = self.job.demands[pid].vector()[1:]
+                for r in range(3):
+                    if need[r] > 0:
+                        ok &= q[r, lo:hi] >= need[r] - _EPS
+        return ok
+
+    def fits_now(self, prof: _Profile, free: np.ndarray | None = None) -> bool:
+        """Whether the job fits on every pool for steps ``[0, d)``."""
+        d = self.d
+        if d > prof.steps:
+            return False
+        free = prof.free if free is None else free
+        if not self._fits(free, 0, d).all():
+            return False
+        return not self.has_quota or bool(self._quota_ok(prof, 0, d).all())
+
+    def starts(self, prof: _Profile) -> np.ndarray:
+        """Boolean mask over start steps ``0 … steps−d``: the whole run fits there (gang)."""
+        d, steps = self.d, prof.steps
+        if d > steps:
+            return np.zeros(0, dtype=bool)
+        ok = self._fits(prof.free, 0, steps)
+        if self.has_quota:
+            ok &= self._quota_ok(prof, 0, steps)
+        bad = np.empty(steps + 1, dtype=np.int32)
+        bad[0] = 0
+        np.cumsum(~ok, out=bad[1:])
+        return (bad[d:] - bad[:-d]) == 0
+
+    def _window_sums(self, cum: np.ndarray, weights: list[float]) -> np.ndarray:
+        d = self.d
+        out = np.zeros(cum.shape[1] - d)
+        for (i, _, _), w in zip(self.needs, weights, strict=True):
+            if w:
+                out += w * (cum[i, d:] - cum[i, :-d])
+        return out * self.frac
+
+    def costs(self, prof: _Profile) -> np.ndarray:
+        """Cost of a start at each step ``0 … steps−d`` (currency)."""
+        return self._window_sums(prof.cum_price, self.su)
+
+    def emissions(self, prof: _Profile) -> np.ndarray:
+        """gCO2e of a start at each step ``0 … steps−d``."""
+        return self._window_sums(prof.cum_carbon, self.kw)
+
+    def cost_at(self, prof: _Profile, t: int) -> float:
+        c = prof.cum_price
+        e = t + self.d
+        return (
+            sum(w * (c[i, e] - c[i, t]) for (i, _, _), w in zip(self.needs, self.su, strict=True))
+            * self.frac
+        )
+
+    def emissions_at(self, prof: _Profile, t: int) -> float:
+        c = prof.cum_carbon
+        e = t + self.d
+        return (
+            sum(w * (c[i, e] - c[i, t]) for (i, _, _), w in zip(self.needs, self.kw, strict=True))
+            * self.frac
+        )
+
+    def why_not_now(self, prof: _Profile) -> Reason:
+        d = min(self.d, prof.steps)
+        if not self.open_now():
+            return Reason.WINDOW
+        if not self._quota_ok(prof, 0, d).all():
+            return Reason.QUOTA
+        if self._fits(prof.base_free, 0, d, windows=False).all():
+            return Reason.PRIORITY
+        return Reason.RESOURCES
+
+
+def _order(snapshot: Snapshot, config: Config) -> list[tuple[int, Job]]:
+    pools = {p.id: p for p in snapshot.pools}
+    if config.order == "fifo":
+        jobs = sorted(snapshot.queued, key=lambda j: (j.submitted_s, j.id))
+        return [(0, j) for j in jobs]
+    fs = fairshare_factors(snapshot.accounts, snapshot.institution_shares)
+    scored = [
+        (
+            job_priority(
+                j, now_s=snapshot.now_s, pools=pools, fairshare=fs, weights=config.weights
+            ),
+            j,
+        )
+        for j in snapshot.queued
+    ]
+    scored.sort(key=lambda pj: (-pj[0], pj[1].submitted_s, pj[1].id))
+    return scored
+
+
+def _unservable(job: Job, prof: _Profile) -> str:
+    """A reason the job can never run on these pools, or ``""``."""
+    for pid, r in job.demands.items():
+        i = prof.index.get(pid)
+        if i is None:
+            return f"pool {pid} is not in the federation"
+        pool = prof.pools[i]
+        if job.gpu_model and r.gpus and pool.gpu_model != job.gpu_model:
+            return f"pool {pid} has no {job.gpu_model} GPUs"
+        cap = prof.cap_rows[i]
+        if r.cores > cap[1] + _EPS or r.memory_gib > cap[2] + _EPS or r.gpus > cap[3] + _EPS:
+            return f"pool {pid} has less than the job asks for"
+    if not job.demands:
+        return "the job asks for no pool"
+    return ""
+
+
+def schedule(snapshot: Snapshot, config: Config | None = None) -> list[Decision]:
+    """One scheduler pass (module docstring): decisions for every queued job, in queue order,
+    followed by PREEMPT decisions for running jobs to stop.
+
+    Pure: reads only ``snapshot`` and ``config``; raises ``KeyError`` only for inconsistent input
+    (none expected from ``Snapshot``).
+    """
+    config = config or Config()
+    prof = _Profile(snapshot)
+    budget_left = {
+        name: acc.budget_remaining
+        for name, acc in snapshot.accounts.items()
+        if acc.budget_remaining is not None
+    }
+    running_by_id = {r.id: r for r in snapshot.running}
+    preempted: list[Decision] = []
+    decisions: list[Decision] = []
+    head_reserved = False
+    blocked: set[int] = set()  # pools behind a blocked job (no backfill: nobody overtakes there)
+    step, now = prof.step_s, snapshot.now_s
+
+    def decide(req, prio, action, reason, t, late=False, detail="", cost=None, em=None):
+        if t is None:
+            return Decision(req.job.id, action, reason, prio, detail=detail, late=late)
+        cost = req.cost_at(prof, t) if cost is None else cost
+        em = req.emissions_at(prof, t) if em is None else em
+        return Decision(
+            req.job.id,
+            action,
+            reason,
+            prio,
+            start_s=now + t * step,
+            end_s=now + t * step + req.job.duration_s,
+            cost=cost,
+            energy_kwh=req.energy_kwh,
+            emissions_g=em,
+            late=late,
+            detail=detail,
+        )
+
+    for prio, job in _order(snapshot, config):
+        problem = _unservable(job, prof)
+        if problem:
+            decisions.append(
+                Decision(job.id, Action.REFUSE, Reason.RESOURCES, prio, detail=problem)
+            )
+            continue
+        req = _Request(job, prof)
+        policy = job.policy if config.order != "fifo" else Policy.ASAP
+        down = [p for p, i in zip(req.pids, req.idx, strict=True) if not prof.online[i]]
+        if down:
+            detail = "SuperNode offline at pool(s) " + ", ".join(map(str, down))
+            decisions.append(decide(req, prio, Action.WAIT, Reason.NODE_DOWN, None, detail=detail))
+            continue
+        if not config.backfill and blocked.intersection(job.demands):
+            decisions.append(decide(req, prio, Action.WAIT, Reason.PRIORITY, None))
+            continue
+        # Fast path: an ASAP job without a cap that cannot start now and needs no estimate.
+        if (
+            policy is Policy.ASAP
+            and job.budget_cap is None
+            and head_reserved
+            and not config.estimate_all
+            and not req.fits_now(prof)
+        ):
+            decisions.append(decide(req, prio, Action.WAIT, req.why_not_now(prof), None))
+            continue
+        starts = req.starts(prof)
+        if not starts.any() and config.preemption:
+            pass  # preemption below may still free step 0
+        costs = None
+        if job.budget_cap is not None or policy is Policy.CHEAPEST:
+            costs = req.costs(prof) if len(starts) else np.zeros(0)
+        if job.budget_cap is not None and starts.any():
+            within = starts & (costs <= job.budget_cap + _EPS)
+            if not within.any():
+                cheapest = float(costs[starts].min())
+                decisions.append(
+                    Decision(
+                        job.id,
+                        Action.REFUSE,
+                        Reason.BUDGET,
+                        prio,
+                        cost=cheapest,
+                        detail=f"the cheapest start costs {cheapest:.2f}, above the cap "
+                        f"{job.budget_cap:.2f}",
+                    )
+                )
+                continue
+            starts = within
+        candidates = np.flatnonzero(starts)
+        t = None
+        late = False
+        if len(candidates):
+            t = int(candidates[0])
+            if policy is not Policy.ASAP:
+                in_time = candidates[candidates <= req.last_start]
+                if len(in_time):
+                    metric = costs if policy is Policy.CHEAPEST else req.emissions(prof)
+                    values = metric[in_time]
+                    t = int(in_time[np.flatnonzero(values <= values.min() + 1e-9)[0]])
+            late = t > req.last_start
+        # Preemption: a blocked job of higher QoS may stop lower-QoS preemptible running jobs.
+        if t != 0 and config.preemption and snapshot.running:
+            victims = _preemption(req, prof, running_by_id, {d.job_id for d in preempted})
+            if victims is not None:
+                for run in victims:
+                    prof._take(run.project, run.demands, 0, prof.running_end[run.id], sign=1.0)
+                    preempted.append(
+                        Decision(
+                            run.id,
+                            Action.PREEMPT,
+                            Reason.PREEMPTED,
+                            detail=f"preempted for job {job.id} (higher QoS)",
+                        )
+                    )
+                t, late = 0, req.d > req.last_start
+        if t is None:
+            reason = req.why_not_now(prof)
+            if reason is Reason.PRIORITY:
+                reason = Reason.RESOURCES
+            decisions.append(
+                decide(req, prio, Action.WAIT, reason, None, detail="no start within the horizon")
+            )
+            blocked.update(job.demands)
+            continue
+        cost = req.cost_at(prof, t)
+        left = budget_left.get(job.project)
+        if left is not None and cost > left + _EPS:
+            decisions.append(
+                decide(
+                    req,
+                    prio,
+                    Action.WAIT,
+                    Reason.BUDGET,
+                    t,
+                    late,
+                    detail=f"estimated cost {cost:.2f} above the project's remaining {left:.2f}",
+                    cost=cost,
+                )
+            )
+            continue
+        if t == 0:
+            prof._take(job.project, job.demands, 0, req.d, sign=-1.0)
+            if left is not None:
+                budget_left[job.project] = left - cost
+            decisions.append(decide(req, prio, Action.START, Reason.NONE, 0, late, cost=cost))
+            continue
+        shifted = policy is not Policy.ASAP and candidates[0] != t
+        reason = Reason.TIME_SHIFT if shifted else req.why_not_now(prof)
+        if late and not shifted:
+            reason = Reason.DEADLINE if reason is Reason.RESOURCES else reason
+        if shifted or not head_reserved or not config.backfill:
+            # A reservation: later jobs may not use these resources (EASY head or a planned shift).
+            prof._take(job.project, job.demands, t, t + req.d, sign=-1.0)
+            if left is not None:
+                budget_left[job.project] = left - cost
+            head_reserved = head_reserved or not shifted
+            if not shifted:
+                blocked.update(job.demands)
+            decisions.append(decide(req, prio, Action.PLAN, reason, t, late, cost=cost))
+        else:
+            decisions.append(decide(req, prio, Action.WAIT, reason, t, late, cost=cost))
+    return decisions + preempted
+
+
+def _preemption(req: _Request, prof: _Profile, running_by_id, taken: set[int]):
+    """Running jobs to stop so that ``req`` starts now, or ``None`` (module docstring)."""
+    level = QOS_LEVELS.get(req.job.qos, QOS_LEVELS["normal"])
+    pools = set(req.pids)
+    candidates = sorted(
+        (
+            r
+            for r in running_by_id.values()
+            if r.preemptible
+            and r.id not in taken
+            and QOS_LEVELS.get(r.qos, QOS_LEVELS["normal"]) < level
+            and pools & set(r.demands)
+        ),
+        key=lambda r: (QOS_LEVELS.get(r.qos, 1), -r.started_s, -r.id),
+    )
+    if not candidates or not req.open_now():
+        return None
+    free = prof.free.copy()
+    chosen = []
+    for run in candidates:
+        end = prof.running_end[run.id]
+        for pid, r in run.demands.items():
+            i = prof.index.get(pid)
+            if i is not None:
+                free[i, :, :end] += np.asarray(r.vector())[:, None]
+        chosen.append(run)
+        if req.fits_now(prof, free):
+            return chosen
+    return None

@@ -1,0 +1,162 @@
+"""Admission of real jobs through the pure scheduler (``federation.admission``): windows, the
+greenest start, budgets, health, and the per-policy estimates of the job form.
+
+Times are on the plan's grid: ``FRP_SCHED_STEP_SECONDS`` (300 s) from the pass's ``now``.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from federation import services
+from federation.models import (
+    AvailabilityException,
+    CarbonReading,
+    ComputePool,
+    JobStatus,
+    ProjectAllocation,
+)
+from tests.federation import test_services as svc
+
+# the service tests' fixtures: a project with two granted sites, the faked SuperLink, a launch
+world, fake_superlink, launch = svc.world, svc.fake_superlink, svc.launch
+
+pytestmark = pytest.mark.django_db
+STEP = 300
+
+
+def _pools(world):
+    return ComputePool.objects.filter(site__in=[v.dataset.site for v in world["versions"]])
+
+
+def _grid_after(now, at):
+    """The first plan step starting at or after ``at``."""
+    return now + timedelta(seconds=STEP * math.ceil((at - now).total_seconds() / STEP))
+
+
+def test_job_waits_for_window_then_starts_in_it(world, fake_superlink, launch, monkeypatch):
+    now = timezone.now()
+    reopen = now + timedelta(hours=1)
+    for pool in _pools(world):
+        AvailabilityException.objects.create(
+            pool=pool, start=now - timedelta(hours=1), end=reopen, available=False
+        )
+    job = launch(world)
+    assert job.status == JobStatus.QUEUED
+    assert job.sched_reason == "Window"
+    assert "availability window" in job.status_detail
+    # planned at the first step of the reopened window (the pass ran a moment after ``now``)
+    assert reopen <= job.est_start <= reopen + timedelta(seconds=STEP)
+    assert fake_superlink.submitted == []
+
+    later = reopen + timedelta(minutes=1)
+    monkeypatch.setattr(timezone, "now", lambda: later)
+    job = services.job_launch(job_id=job.pk)
+    assert job.status == JobStatus.RUNNING
+    assert len(fake_superlink.submitted) == 1
+
+
+def test_greenest_job_starts_at_the_forecast_minimum(world, fake_superlink, launch, monkeypatch):
+    now = timezone.now().replace(microsecond=0)
+    monkeypatch.setattr(timezone, "now", lambda: now)
+    hour0 = now.replace(minute=0, second=0) + timedelta(hours=1)
+    low = hour0 + timedelta(hours=5)
+    for pool in _pools(world):
+        pool.carbon_source = "csv"
+        pool.save()
+        CarbonReading.objects.create(
+            pool=pool, at=now - timedelta(hours=1), g_per_kwh=450, source="csv"
+        )
+        for h in range(24):
+            at = hour0 + timedelta(hours=h)
+            g = 80.0 if at == low else 450.0 - 10 * (h % 3)
+            CarbonReading.objects.create(pool=pool, at=at, g_per_kwh=g, source="csv")
+    job = launch(
+        world,
+        schedule={"policy": "greenest", "deadline": now + timedelta(hours=12)},
+    )
+    assert job.status == JobStatus.QUEUED
+    assert job.sched_reason == "TimeShift"
+    assert job.est_start == _grid_after(now, low)
+    assert job.est_emissions_g < job.est_energy_kwh * 100  # at the 80 g/kWh hour
+    assert fake_superlink.submitted == []
+
+    monkeypatch.setattr(timezone, "now", lambda: job.est_start)
+    assert services.job_launch(job_id=job.pk).status == JobStatus.RUNNING
+
+
+def test_job_over_its_budget_cap_is_refused(world, fake_superlink, launch):
+    _pools(world).update(base_price=Decimal("10"))
+    job = launch(world, schedule={"budget_cap": Decimal("0.01")})
+    assert job.status == JobStatus.FAILED
+    assert "refused by the scheduler: Budget" in job.status_detail
+    assert "above the cap 0.01" in job.status_detail
+    assert fake_superlink.submitted == []
+
+
+def test_job_over_project_budget_waits(world, fake_superlink, launch):
+    _pools(world).update(base_price=Decimal("10"))
+    ProjectAllocation.objects.create(project=world["project"], budget=Decimal("0.05"))
+    job = launch(world)
+    assert job.status == JobStatus.QUEUED
+    assert job.sched_reason == "Budget"
+    assert "remaining 0.05" in job.status_detail
+
+
+def test_job_at_offline_node_waits_with_node_down(world, fake_superlink, launch):
+    pool = _pools(world).first()
+    pool.node_online = False
+    pool.save()
+    job = launch(world)
+    assert (job.status, job.sched_reason) == (JobStatus.QUEUED, "NodeDown")
+
+
+def test_resources_per_site_are_recorded_and_checked(world, fake_superlink, launch):
+    _pools(world).update(cores=4)
+    job = launch(world, schedule={"cores": 3, "memory_gib": Decimal("4"), "gpus": 0})
+    assert job.status == JobStatus.RUNNING
+    assert {js.cores for js in job.sites.all()} == {3}
+    second = launch(world, schedule={"cores": 2})  # 3 + 2 > 4 cores: waits for resources
+    assert (second.status, second.sched_reason) == (JobStatus.QUEUED, "Resources")
+    too_big = launch(world, schedule={"cores": 5})
+    assert too_big.status == JobStatus.FAILED
+    assert "less than the job asks for" in too_big.status_detail
+
+
+def test_estimate_partial_lists_each_policy(world, client):
+    now = timezone.now()
+    for pool in _pools(world):
+        pool.base_price = Decimal("2")
+        pool.save()
+    client.force_login(world["pi"])
+    data = {
+        "title": "t",
+        "project": world["project"].pk,
+        "datasets": [v.pk for v in world["versions"]],
+        "target_column": "label",
+        "num_rounds": 2,
+        "local_epochs": 1,
+        "learning_rate": 0.1,
+        "sched-policy": "asap",
+        "sched-cores": 1,
+        "sched-memory_gib": 2,
+        "sched-gpus": 0,
+    }
+    response = client.post(reverse("federation:job_estimate"), data)
+    assert response.status_code == 200
+    html = response.content.decode()
+    for label in ("As soon as possible", "Cheapest before the deadline", "Lowest carbon"):
+        assert label in html
+    rows = response.context["estimates"]["rows"]
+    asap = next(r for r in rows if r["policy"] == "asap")
+    assert asap["action"] == "start"
+    assert abs((asap["start"] - now).total_seconds()) < 120
+    duration = response.context["estimates"]["duration_s"]
+    # 2 sites × 1 core × 2.00 per core-hour × the estimated hours
+    assert asap["cost"] == Decimal(str(round(2 * 2 * duration / 3600, 2)))

@@ -1,0 +1,85 @@
+"""The local federation's processes: the SuperExec task poll interval reaches Flower (issue 12).
+
+``federation.runtime.start`` sets ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` for the SuperLink and the
+SuperNodes; their SuperExec children (which start one ServerApp or ClientApp process per task)
+inherit it. Checked against flwr itself: its own reader of the variable, and the environment of
+the real SuperExec processes of a real SuperLink and SuperNode (``/proc/<pid>/environ``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from federation import runtime
+
+
+def test_flwr_reads_the_superexec_poll_interval_from_the_variable_we_set(monkeypatch):
+    from flwr.supercore.superexec import run_superexec
+
+    monkeypatch.setenv(runtime.SUPEREXEC_POLL_ENV, "0.2")
+    assert run_superexec._get_task_poll_interval() == pytest.approx(0.2)
+    monkeypatch.delenv(runtime.SUPEREXEC_POLL_ENV)
+    assert run_superexec._get_task_poll_interval() == pytest.approx(1.0)  # Flower's default
+
+
+def test_start_refuses_a_poll_interval_flwr_would_refuse(tmp_path):
+    with pytest.raises(runtime.RuntimeError_, match="0.01–60"):
+        runtime.start(tmp_path, [], superexec_poll=0.001)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def _superexec_environ(parent: int, timeout: float = 60.0) -> dict[str, str]:
+    """The environment of ``parent``'s ``flower-superexec`` child, once it is running."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in _children(parent):
+            try:
+                cmdline = (Path("/proc") / str(child) / "cmdline").read_bytes().split(b"\0")
+                if any(part.endswith(b"flower-superexec") for part in cmdline):
+                    raw = (Path("/proc") / str(child) / "environ").read_bytes()
+                    return dict(
+                        item.split("=", 1)
+                        for item in raw.decode(errors="replace").split("\0")
+                        if "=" in item
+                    )
+            except OSError:
+                continue
+        time.sleep(0.2)
+    raise AssertionError(f"no flower-superexec child of pid {parent} within {timeout:.0f} s")
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc")
+@pytest.mark.parametrize("poll", [0.2, None])
+def test_superexec_processes_poll_at_the_interval_given(tmp_path, monkeypatch, poll):
+    monkeypatch.delenv(runtime.SUPEREXEC_POLL_ENV, raising=False)
+    site = runtime.LocalSite(
+        site="hospital-x", store_url=f"file://{tmp_path / 'store'}", keyring=str(tmp_path / "k")
+    )
+    state = runtime.start(tmp_path / "federation", [site], superexec_poll=poll)
+    try:
+        for pid in (state.superlink_pid, state.supernodes["hospital-x"]):
+            environ = _superexec_environ(pid)
+            if poll is None:
+                assert runtime.SUPEREXEC_POLL_ENV not in environ
+            else:
+                assert environ[runtime.SUPEREXEC_POLL_ENV] == "0.2"
+    finally:
+        runtime.stop(state)
+    assert not runtime.is_running(state)

@@ -1,0 +1,348 @@
+"""The pure scheduler (``federation.scheduling``): decisions computed by hand for small snapshots.
+
+Steps are 900 s (a quarter hour) from ``NOW``; each expected start, cost and emission below is
+worked out in the comment beside it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from federation.scheduling import (
+    Account,
+    Action,
+    Config,
+    DemandPricing,
+    Job,
+    Policy,
+    Pool,
+    Reason,
+    Resources,
+    Running,
+    Snapshot,
+    Weights,
+    schedule,
+)
+from federation.scheduling.priority import decayed_usage, fairshare_factors, job_priority
+from federation.scheduling.scheduler import price_multipliers
+
+NOW = 1_000_000.0
+STEP = 900.0
+R = Resources
+
+
+def snap(pools, queued, running=(), accounts=None, steps=8, shares=None):
+    accounts = accounts or {"p": Account("a"), "q": Account("b")}
+    return Snapshot(
+        now_s=NOW,
+        pools=pools,
+        queued=queued,
+        running=running,
+        accounts=accounts,
+        institution_shares=shares or {},
+        step_s=STEP,
+        horizon_steps=steps,
+    )
+
+
+def job(i, pools, minutes=15, project="p", t=0.0, **kw):
+    return Job(i, project, NOW - 3600 + t, pools, minutes * 60.0, **kw)
+
+
+def by_id(decisions):
+    return {d.job_id: d for d in decisions}
+
+
+def at(step):
+    return NOW + step * STEP
+
+
+# --------------------------------------------------------------------------------------------
+# Gang admission, EASY backfill
+# --------------------------------------------------------------------------------------------
+
+
+def test_gang_job_waits_for_all_its_pools_together():
+    # Pool 2 is full until step 2 (a running job); pool 1 is free now. The gang may start only
+    # when both are free: step 2, never at pool 1 alone.
+    pools = [Pool(1, "a", R(4, 8)), Pool(2, "b", R(4, 8))]
+    running = [Running(90, "q", {2: R(4, 8)}, NOW - 100, at(2))]
+    d = by_id(schedule(snap(pools, [job(1, {1: R(2), 2: R(2)})], running)))[1]
+    assert (d.action, d.reason, d.start_s) == (Action.PLAN, Reason.RESOURCES, at(2))
+
+
+def test_easy_backfill_starts_short_job_that_does_not_delay_head():
+    # One pool of 4 cores; 2 cores busy until step 3. Head (oldest, 4 cores) reserves steps 3..4.
+    # A 2-core job of 30 min (2 steps) fits in steps 0..1 and ends before step 3: it backfills.
+    # A 2-core job of 60 min (4 steps, steps 0..3) would overlap the head's reservation: it waits.
+    pools = [Pool(1, "a", R(4, 8), slots=4)]
+    running = [Running(90, "q", {1: R(2)}, NOW - 100, at(3))]
+    head = job(1, {1: R(4)}, minutes=30, t=0)
+    short = job(2, {1: R(2)}, minutes=30, t=10)
+    long_ = job(3, {1: R(2)}, minutes=60, t=20)
+    cfg = Config(weights=Weights(fairshare=0, size=0, qos=0))  # age alone: oldest first
+    d = by_id(schedule(snap(pools, [head, short, long_], running, steps=12), cfg))
+    assert (d[1].action, d[1].start_s) == (Action.PLAN, at(3))
+    assert (d[2].action, d[2].start_s) == (Action.START, NOW)
+    assert (d[3].action, d[3].reason) == (Action.WAIT, Reason.PRIORITY)
+    assert d[3].start_s == at(5)  # after the head's reservation (steps 3, 4)
+
+
+def test_fifo_without_backfill_stops_behind_blocked_head():
+    pools = [Pool(1, "a", R(4, 8), slots=4)]
+    running = [Running(90, "q", {1: R(2)}, NOW - 100, at(3))]
+    head = job(1, {1: R(4)}, minutes=30, t=0)
+    short = job(2, {1: R(2)}, minutes=30, t=10)
+    d = by_id(schedule(snap(pools, [short, head], running), Config(order="fifo", backfill=False)))
+    assert d[1].action is Action.PLAN
+    assert (d[2].action, d[2].reason) == (Action.WAIT, Reason.PRIORITY)
+
+
+def test_fifo_blocks_only_the_pools_of_the_blocked_job():
+    # First come, first served per pool (the portal's admission before this scheduler): job 1
+    # waits for pool 1, job 2 on pool 1 stays behind it, job 3 on pool 2 alone starts.
+    pools = [Pool(1, "a", R(4, 8), slots=4), Pool(2, "b", R(4, 8))]
+    running = [Running(90, "q", {1: R(4)}, NOW - 100, at(3))]
+    jobs = [job(1, {1: R(2)}, t=0), job(2, {1: R(1)}, t=5), job(3, {2: R(1)}, t=10)]
+    cfg = Config(order="fifo", backfill=False)
+    d = by_id(schedule(snap(pools, jobs, running), cfg))
+    assert (d[1].action, d[1].start_s) == (Action.PLAN, at(3))
+    assert (d[2].action, d[2].reason) == (Action.WAIT, Reason.PRIORITY)
+    assert d[3].action is Action.START
+
+
+def test_slots_limit_concurrent_jobs():
+    pools = [Pool(1, "a", R(16, 64), slots=1)]
+    d = by_id(schedule(snap(pools, [job(1, {1: R(1)}, t=0), job(2, {1: R(1)}, t=5)])))
+    assert d[1].action is Action.START
+    assert d[2].start_s == at(1)
+
+
+def test_job_larger_than_pool_is_refused():
+    d = schedule(snap([Pool(1, "a", R(4, 8))], [job(1, {1: R(8)})]))[0]
+    assert (d.action, d.reason) == (Action.REFUSE, Reason.RESOURCES)
+
+
+# --------------------------------------------------------------------------------------------
+# Windows, health, quotas
+# --------------------------------------------------------------------------------------------
+
+
+def test_window_closed_now_plans_start_at_opening():
+    closed3 = [False, False, False, True, True, True, True, True]
+    pools = [Pool(1, "a", R(4, 8), available=closed3)]
+    d = schedule(snap(pools, [job(1, {1: R(1)}, minutes=30)]))[0]
+    assert (d.action, d.reason, d.start_s) == (Action.PLAN, Reason.WINDOW, at(3))
+
+
+def test_run_must_fit_inside_window():
+    # Open steps 0..1 and 4..7: a 45-minute (3-step) run fits only from step 4.
+    win = [True, True, False, False, True, True, True, True]
+    d = schedule(snap([Pool(1, "a", R(4, 8), available=win)], [job(1, {1: R(1)}, minutes=45)]))
+    assert (d[0].reason, d[0].start_s) == (Reason.WINDOW, at(4))
+
+
+def test_foreign_only_window_admits_other_institutions_projects():
+    # Pool of institution a is lent now only to other institutions: project q (institution b)
+    # starts, project p (institution a) waits for the general window at step 4.
+    never = [False] * 4 + [True] * 4
+    pools = [Pool(1, "a", R(4, 8), slots=2, available=never, foreign_available=[True] * 8)]
+    d = by_id(
+        schedule(snap(pools, [job(1, {1: R(1)}, project="p"), job(2, {1: R(1)}, project="q")]))
+    )
+    assert d[2].action is Action.START
+    assert (d[1].reason, d[1].start_s) == (Reason.WINDOW, at(4))
+
+
+def test_offline_node_waits_with_node_down():
+    pools = [Pool(1, "a", R(4, 8)), Pool(2, "b", R(4, 8), online=False)]
+    d = schedule(snap(pools, [job(1, {1: R(1), 2: R(1)})]))[0]
+    assert (d.action, d.reason) == (Action.WAIT, Reason.NODE_DOWN)
+
+
+def test_quota_per_project_per_pool():
+    # Project p may hold 2 cores on pool 1; it runs 2 until step 2, so a new 1-core job waits.
+    accounts = {"p": Account("a", quotas={1: R(2, 100, 0)})}
+    pools = [Pool(1, "a", R(16, 64), slots=4)]
+    running = [Running(90, "p", {1: R(2)}, NOW - 100, at(2))]
+    d = schedule(snap(pools, [job(1, {1: R(1)})], running, accounts))[0]
+    assert (d.action, d.reason, d.start_s) == (Action.PLAN, Reason.QUOTA, at(2))
+
+
+# --------------------------------------------------------------------------------------------
+# Priority (Slurm multifactor)
+# --------------------------------------------------------------------------------------------
+
+
+def test_fairshare_classic_two_level_by_hand():
+    # Institutions a and b, one share each (S_inst = 0.5). a has projects p (1 share) and r (3);
+    # b has q. Usage: p 30, r 10, q 60 (total 100).
+    # a: U = 0.4, UE = 0.4 + (1 − 0.4)·0.5 = 0.7. p: S = 0.5·0.25 = 0.125, U = 0.3,
+    #    UE = 0.3 + (0.7 − 0.3)·0.25 = 0.4, F = 2^(−0.4/0.125) = 2^−3.2.
+    # r: S = 0.375, U = 0.1, UE = 0.1 + 0.6·0.75 = 0.55, F = 2^(−0.55/0.375).
+    # b: U = 0.6, UE = 0.6 + 0.4·0.5 = 0.8; q: S = 0.5, UE = 0.6 + 0.2·1 = 0.8, F = 2^−1.6.
+    accounts = {
+        "p": Account("a", shares=1, usage=30),
+        "r": Account("a", shares=3, usage=10),
+        "q": Account("b", shares=1, usage=60),
+    }
+    f = fairshare_factors(accounts, {"a": 1, "b": 1})
+    assert f["p"] == pytest.approx(2**-3.2)
+    assert f["r"] == pytest.approx(2 ** (-0.55 / 0.375))
+    assert f["q"] == pytest.approx(2**-1.6)
+
+
+def test_fairshare_without_usage_is_one():
+    assert fairshare_factors({"p": Account("a")}, {}) == {"p": 1.0}
+
+
+def test_job_priority_sums_weighted_factors():
+    # age 3.5 days of 7 → 0.5·1000 = 500; size 4 of 16 cores → 0.25·1000 = 250;
+    # QoS high (2 of 2) → 2000; fair share 0.5 → 5000. Total 7750.
+    pools = {1: Pool(1, "a", R(16, 64))}
+    j = Job(1, "p", NOW - 3.5 * 86400, {1: R(4)}, 60, qos="high")
+    assert job_priority(j, now_s=NOW, pools=pools, fairshare={"p": 0.5}, weights=Weights()) == 7750
+
+
+def test_decayed_usage_halves_each_half_life():
+    # 8 SU·h one half-life ago → 4; 4 SU·h two half-lives ago → 1.
+    records = [(NOW - 3600, 8.0), (NOW - 7200, 4.0)]
+    assert decayed_usage(records, now_s=NOW, half_life_s=3600) == pytest.approx(5.0)
+
+
+def test_fair_share_orders_queue_lightly_used_project_first():
+    accounts = {"p": Account("a", usage=90), "q": Account("b", usage=10)}
+    pools = [Pool(1, "a", R(4, 8), slots=1)]
+    d = schedule(
+        snap(pools, [job(1, {1: R(1)}, project="p"), job(2, {1: R(1)}, project="q")], (), accounts)
+    )
+    assert [x.job_id for x in d] == [2, 1]
+    assert d[0].action is Action.START
+
+
+# --------------------------------------------------------------------------------------------
+# Time shifting, cost, emissions
+# --------------------------------------------------------------------------------------------
+
+CARBON = [400, 300, 120, 100, 150, 500, 500, 500]
+PRICE = [2.0, 2.0, 1.0, 1.0, 0.5, 0.5, 3.0, 3.0]
+
+
+def shifting_pool(**kw):
+    return Pool(1, "a", R(4, 8), price=PRICE, carbon=CARBON, watts_per_core=100, **kw)
+
+
+def test_greenest_starts_at_forecast_minimum_before_deadline():
+    # 30 min, 2 cores at 100 W = 0.2 kW → 0.05 kWh per step. Window sums of intensity:
+    # 0:700 1:420 2:220 3:250 4:650 … minimum at step 2: 0.05·220 = 11 g.
+    j = job(1, {1: R(2)}, minutes=30, policy=Policy.GREENEST, deadline_s=at(8))
+    d = schedule(snap([shifting_pool()], [j]))[0]
+    assert (d.action, d.reason, d.start_s) == (Action.PLAN, Reason.TIME_SHIFT, at(2))
+    assert d.emissions_g == pytest.approx(11.0)
+    assert d.energy_kwh == pytest.approx(0.1)
+
+
+def test_cheapest_starts_at_cheapest_hours():
+    # 2 SU (cores) × 0.25 h per step: sums of price over 2 steps: 4,3,2,1.5,1,3.5,6 → step 4,
+    # cost 2·0.25·1.0 = 0.5.
+    j = job(1, {1: R(2)}, minutes=30, policy=Policy.CHEAPEST, deadline_s=at(8))
+    d = schedule(snap([shifting_pool()], [j]))[0]
+    assert (d.start_s, d.cost) == (at(4), pytest.approx(0.5))
+
+
+def test_deadline_limits_the_shift():
+    # Deadline at step 4: the run must end by then, so starts 0..2 → greenest is step 2 still;
+    # with the deadline at step 3 starts 0..1 → step 1 (420 < 700).
+    j = job(1, {1: R(2)}, minutes=30, policy=Policy.GREENEST, deadline_s=at(3))
+    d = schedule(snap([shifting_pool()], [j]))[0]
+    assert d.start_s == at(1)
+
+
+def test_deadline_unreachable_runs_asap_and_is_late():
+    # The pool is busy until step 4; a 30-minute job due at step 3 cannot make it.
+    running = [Running(90, "q", {1: R(4)}, NOW - 100, at(4))]
+    j = job(1, {1: R(2)}, minutes=30, policy=Policy.GREENEST, deadline_s=at(3))
+    d = schedule(snap([shifting_pool()], [j], running))[0]
+    assert (d.reason, d.start_s, d.late) == (Reason.DEADLINE, at(4), True)
+
+
+def test_asap_ignores_carbon():
+    j = job(1, {1: R(2)}, minutes=30, policy=Policy.ASAP, deadline_s=at(8))
+    d = schedule(snap([shifting_pool()], [j]))[0]
+    assert (d.action, d.emissions_g) == (Action.START, pytest.approx(0.05 * 700))
+
+
+# --------------------------------------------------------------------------------------------
+# Budgets
+# --------------------------------------------------------------------------------------------
+
+
+def test_budget_cap_below_cheapest_start_is_refused():
+    # Cheapest 30-minute start costs 0.5 (above); a cap of 0.4 can never be met.
+    j = job(1, {1: R(2)}, minutes=30, budget_cap=0.4)
+    d = schedule(snap([shifting_pool()], [j]))[0]
+    assert (d.action, d.reason, d.cost) == (Action.REFUSE, Reason.BUDGET, pytest.approx(0.5))
+
+
+def test_budget_cap_moves_asap_to_first_affordable_start():
+    # Costs per start: 2.0, 1.5, 1.0, 0.75, 0.5 … a cap of 1.0 → earliest affordable is step 2.
+    j = job(1, {1: R(2)}, minutes=30, budget_cap=1.0)
+    d = schedule(snap([shifting_pool()], [j]))[0]
+    assert (d.action, d.start_s, d.cost) == (Action.PLAN, at(2), pytest.approx(1.0))
+
+
+def test_project_budget_exhausted_waits():
+    accounts = {"p": Account("a", budget_remaining=1.0)}
+    d = schedule(snap([shifting_pool()], [job(1, {1: R(2)}, minutes=30)], (), accounts))[0]
+    assert (d.action, d.reason) == (Action.WAIT, Reason.BUDGET)
+
+
+def test_project_budget_is_spent_within_a_pass():
+    # Remaining 2.5: job 1 starts now for 2.0 (steps 0–1 at 2.0/SU·h × 2 SU × 0.5 h); job 2 (also
+    # 2.0 now) no longer fits the remaining 0.5 and waits for budget.
+    accounts = {"p": Account("a", budget_remaining=2.5)}
+    pools = [shifting_pool(slots=2)]
+    jobs = [job(1, {1: R(2)}, minutes=30, t=0), job(2, {1: R(2)}, minutes=30, t=5)]
+    d = by_id(schedule(snap(pools, jobs, (), accounts)))
+    assert d[1].action is Action.START
+    assert (d[2].action, d[2].reason) == (Action.WAIT, Reason.BUDGET)
+
+
+def test_demand_pricing_multiplier_by_hand():
+    # 4 cores; 2 held by a running job in steps 0..1 → occupancy 0.5 there, 0 after. Queue asks
+    # 2 cores × 2 steps = 4 core-steps of 4 cores × 8 open steps = 32 → backlog 0.125.
+    # Multiplier = clip(1 + 0.8·(occ + 0.125), 1, 1.4): steps 0–1 → 1.4 (1.5 clipped), then 1.1.
+    pool = Pool(1, "a", R(4, 8), slots=2, demand_pricing=DemandPricing(0.8, 1.0, 1.4))
+    running = [Running(90, "q", {1: R(2)}, NOW - 100, at(2))]
+    s = snap([pool], [job(1, {1: R(2)}, minutes=30)], running)
+    import numpy as np
+
+    free = np.repeat(np.array([[2.0, 4.0, 8.0, 0.0]])[:, :, None], 8, axis=2)
+    free[0, :, :2] -= np.array([1.0, 2.0, 0, 0])[:, None]
+    cap = np.array([[2.0, 4.0, 8.0, 0.0]])
+    mult = price_multipliers(s, free, cap, np.ones((1, 8), bool))
+    assert mult[0].tolist() == pytest.approx([1.4, 1.4] + [1.1] * 6)
+
+
+# --------------------------------------------------------------------------------------------
+# Preemption
+# --------------------------------------------------------------------------------------------
+
+
+def test_high_qos_job_preempts_low_qos_preemptible_job():
+    pools = [Pool(1, "a", R(4, 8))]
+    running = [Running(90, "q", {1: R(4)}, NOW - 100, at(6), qos="low", preemptible=True)]
+    d = by_id(schedule(snap(pools, [job(1, {1: R(4)}, qos="high")], running)))
+    assert d[1].action is Action.START
+    assert (d[90].action, d[90].reason) == (Action.PREEMPT, Reason.PREEMPTED)
+
+
+def test_no_preemption_of_non_preemptible_or_equal_qos():
+    pools = [Pool(1, "a", R(4, 8))]
+    running = [
+        Running(90, "q", {1: R(2)}, NOW - 100, at(6), qos="low"),
+        Running(91, "q", {1: R(2)}, NOW - 100, at(6), qos="normal", preemptible=True),
+    ]
+    d = by_id(schedule(snap(pools, [job(1, {1: R(4)}, qos="normal")], running)))
+    assert d[1].action is Action.PLAN
+    assert 90 not in d and 91 not in d

@@ -1,0 +1,185 @@
+"""Invariants of the pure scheduler on random snapshots (hypothesis).
+
+- never over-allocate: running jobs plus every START and PLAN, step by step, fit each pool;
+- gang all-or-nothing: a decision covers the job's every pool with one start;
+- backfill never delays the reserved head: removing every job queued after the head leaves the
+  head's reserved start unchanged;
+- windows hold: a started or planned run lies inside the windows open to its project.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from federation.scheduling import (
+    Account,
+    Action,
+    Job,
+    Policy,
+    Pool,
+    Reason,
+    Resources,
+    Running,
+    Snapshot,
+    schedule,
+)
+
+NOW = 0.0
+STEP = 900.0
+STEPS = 24
+
+
+@st.composite
+def snapshots(draw, policies=tuple(Policy)):
+    n_pools = draw(st.integers(1, 4))
+    pools = []
+    for pid in range(1, n_pools + 1):
+        cores = draw(st.integers(1, 8))
+        window = draw(st.lists(st.booleans(), min_size=STEPS, max_size=STEPS))
+        pools.append(
+            Pool(
+                pid,
+                draw(st.sampled_from(["a", "b"])),
+                Resources(cores, float(draw(st.integers(1, 32))), draw(st.integers(0, 2))),
+                slots=draw(st.integers(1, 3)),
+                available=window if draw(st.booleans()) else None,
+                price=draw(st.lists(st.floats(0, 5), min_size=STEPS, max_size=STEPS)),
+                carbon=draw(st.lists(st.floats(0, 800), min_size=STEPS, max_size=STEPS)),
+            )
+        )
+
+    def demands():
+        chosen = draw(st.sets(st.integers(1, n_pools), min_size=1, max_size=n_pools))
+        return {
+            p: Resources(
+                draw(st.integers(0, pools[p - 1].capacity.cores)),
+                float(draw(st.integers(0, int(pools[p - 1].capacity.memory_gib)))),
+                draw(st.integers(0, pools[p - 1].capacity.gpus)),
+            )
+            for p in chosen
+        }
+
+    projects = {"p": Account("a"), "q": Account("b", usage=draw(st.floats(0, 100)))}
+    running = []
+    for i in range(draw(st.integers(0, 3))):
+        dem = demands()
+        if all(_fits(pools, running, dem, 0)):
+            running.append(
+                Running(100 + i, "q", dem, -100.0, draw(st.floats(1, STEPS * STEP)), qos="low")
+            )
+    queued = [
+        Job(
+            i,
+            draw(st.sampled_from(["p", "q"])),
+            -draw(st.floats(0, 86400)),
+            demands(),
+            draw(st.floats(60, 8 * STEP)),
+            policy=draw(st.sampled_from(policies)),
+            deadline_s=draw(st.one_of(st.none(), st.floats(STEP, STEPS * STEP))),
+            qos=draw(st.sampled_from(["low", "normal", "high"])),
+        )
+        for i in range(1, draw(st.integers(1, 12)))
+    ]
+    return Snapshot(
+        now_s=NOW,
+        pools=pools,
+        queued=queued,
+        running=running,
+        accounts=projects,
+        step_s=STEP,
+        horizon_steps=STEPS,
+    )
+
+
+def _fits(pools, running, demand, step):
+    for pid, r in demand.items():
+        pool = pools[pid - 1]
+        used = [0.0, 0.0, 0.0, 0.0]
+        for run in running:
+            if pid in run.demands:
+                used = [u + v for u, v in zip(used, run.demands[pid].vector(), strict=True)]
+        cap = (pool.slots, pool.capacity.cores, pool.capacity.memory_gib, pool.capacity.gpus)
+        yield all(u + v <= c for u, v, c in zip(used, r.vector(), cap, strict=True))
+
+
+def _steps(start_s, end_s):
+    lo = round((start_s - NOW) / STEP)
+    return lo, lo + max(1, math.ceil((end_s - start_s) / STEP - 1e-9))
+
+
+def _usage(s: Snapshot, decisions):
+    """(pool, resource, step) usage by running jobs and every START / PLAN."""
+    use = np.zeros((len(s.pools) + 1, 4, STEPS))
+    preempted = {d.job_id for d in decisions if d.action is Action.PREEMPT}
+    for run in s.running:
+        if run.id in preempted:
+            continue
+        end = min(STEPS, max(1, math.ceil((run.end_s - NOW) / STEP)))
+        for pid, r in run.demands.items():
+            use[pid, :, :end] += np.asarray(r.vector())[:, None]
+    jobs = {j.id: j for j in s.queued}
+    for d in decisions:
+        if d.action in (Action.START, Action.PLAN):
+            lo, hi = _steps(d.start_s, d.end_s)
+            for pid, r in jobs[d.job_id].demands.items():
+                use[pid, :, lo:hi] += np.asarray(r.vector())[:, None]
+    return use
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snapshots())
+def test_never_over_allocates(s):
+    decisions = schedule(s)
+    use = _usage(s, decisions)
+    for pool in s.pools:
+        cap = np.array(
+            [pool.slots, pool.capacity.cores, pool.capacity.memory_gib, pool.capacity.gpus]
+        )
+        assert (use[pool.id] <= cap[:, None] + 1e-6).all()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snapshots())
+def test_every_queued_job_gets_one_decision_and_runs_inside_windows(s):
+    decisions = schedule(s)
+    queued_ids = sorted(j.id for j in s.queued)
+    assert sorted(d.job_id for d in decisions if d.action is not Action.PREEMPT) == queued_ids
+    jobs = {j.id: j for j in s.queued}
+    pools = {p.id: p for p in s.pools}
+    for d in decisions:
+        if d.action in (Action.START, Action.PLAN):
+            assert (d.action is Action.START) == (d.start_s == NOW)
+            lo, hi = _steps(d.start_s, d.end_s)
+            assert hi <= STEPS
+            for pid in jobs[d.job_id].demands:  # one start for all its pools (gang)
+                window = pools[pid].available
+                if window is not None:
+                    assert all(window[lo:hi])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snapshots(policies=(Policy.ASAP,)))
+def test_backfill_never_delays_the_head_reservation(s):
+    decisions = schedule(s)
+    order = [d.job_id for d in decisions if d.action is not Action.PREEMPT]
+    head = next(
+        (d for d in decisions if d.action is Action.PLAN and d.reason is not Reason.BUDGET), None
+    )
+    if head is None:
+        return
+    ahead = set(order[: order.index(head.job_id) + 1])
+    alone = Snapshot(
+        now_s=s.now_s,
+        pools=s.pools,
+        queued=[j for j in s.queued if j.id in ahead],
+        running=s.running,
+        accounts=s.accounts,
+        step_s=s.step_s,
+        horizon_steps=s.horizon_steps,
+    )
+    again = {d.job_id: d for d in schedule(alone)}
+    assert again[head.job_id].start_s == head.start_s
