@@ -912,8 +912,8 @@ def main(argv: list[str] | None = None) -> int:
             superexec_poll=args.superexec_poll,
         )
         states.append(state)
-        runtime.write_control_config(
-            settings.FRP_FLWR_HOME, settings.FRP_FEDERATION_NAME, state.superlink_address
+        runtime.write_state_control_config(
+            settings.FRP_FLWR_HOME, settings.FRP_FEDERATION_NAME, state
         )
         print(
             f"[setup] SuperLink {state.superlink_address}; SuperNodes "
@@ -929,10 +929,8 @@ def main(argv: list[str] | None = None) -> int:
                 superexec_poll=None,
             )
             states.append(flower_state)
-            runtime.write_control_config(
-                var / "flwr-flower-defaults",
-                settings.FRP_FEDERATION_NAME,
-                flower_state.superlink_address,
+            runtime.write_state_control_config(
+                var / "flwr-flower-defaults", settings.FRP_FEDERATION_NAME, flower_state
             )
             print(
                 f"[setup] second federation on Flower's defaults (SuperExec poll 1 s): SuperLink "

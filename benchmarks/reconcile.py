@@ -87,7 +87,7 @@ def main() -> None:
         root = Path(tmp)
         state = runtime.start(root / "federation", [])
         try:
-            runtime.write_control_config(root / "control", "bench", state.superlink_address)
+            runtime.write_state_control_config(root / "control", "bench", state)
             conn = superlink.Connection(
                 flwr_home=root / "control",
                 federation="bench",

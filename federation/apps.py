@@ -13,3 +13,8 @@ class FederationConfig(AppConfig):
         )
 
         panels.register()
+
+        from federation.onboarding import on_site_revoked
+        from portal.signals import site_revoked
+
+        site_revoked.connect(on_site_revoked, dispatch_uid="federation.on_site_revoked")

@@ -564,3 +564,41 @@ class ReleaseDecision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.site} {'approves' if self.approve else 'refuses'} {self.release}"
+
+
+class SiteNodeStatus(models.TextChoices):
+    REGISTERED = "registered", "Registered"
+    UNREGISTERED = "unregistered", "Unregistered"
+
+
+class SiteNode(models.Model):
+    """A SuperNode key a site uploaded and the portal registered with the SuperLink.
+
+    Only the public key (OpenSSH line) is here: the site made the pair and keeps the private key.
+    ``node_id`` is the id the SuperLink gave at registration (uint64, as text). At most one
+    registered key per site; an unregistered one stays as history.
+    """
+
+    site = models.ForeignKey("portal.Site", on_delete=models.CASCADE, related_name="supernodes")
+    public_key = models.TextField()
+    fingerprint = models.CharField(max_length=64, help_text="OpenSSH SHA256 fingerprint.")
+    node_id = models.CharField(max_length=24)
+    status = models.CharField(
+        max_length=16, choices=SiteNodeStatus.choices, default=SiteNodeStatus.REGISTERED
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    unregistered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["site__slug", "-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["site"],
+                condition=models.Q(status="registered"),
+                name="sitenode_one_registered_per_site",
+            ),
+            models.UniqueConstraint(fields=["node_id"], name="sitenode_unique_node_id"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.site.slug} node {self.node_id} ({self.status})"

@@ -1,6 +1,7 @@
 """What the federation adds to pages of the floors below it (``portal.panels``): the dashboard's
-recent jobs (its *Submit a job* button, count and table), each site's compute pools on the
-institution's *Sites & pools* page with the state of its SuperNodes, and the airlock's pending model releases on the data steward's
+recent jobs (its *Submit a job* button, count and table), each site's SuperNode (its kit, key and
+the state of its SuperNodes) and compute pools on the institution's *Sites & pools* page, and the
+airlock's pending model releases on the data steward's
 queue. Registered in ``FederationConfig.ready()``.
 """
 
@@ -36,6 +37,11 @@ def site_pools(*, request, site) -> dict:
     return {"site": site, "pools": site.pools.order_by("name")}
 
 
+def site_node(*, request, site) -> dict:
+    """The site's SuperNode (its state loads by HTMX), its kit and the key form."""
+    return {"site": site}
+
+
 def site_supernodes(*, request, site) -> dict:
     """The SuperNode state of ``site`` (one Control API request per page, shared by its sites)."""
     if request is not None and hasattr(request, "_federation_supernodes"):
@@ -69,6 +75,12 @@ def register() -> None:
     )
     panels.register(
         "dashboard.main", template="federation/panels/dashboard_jobs.html", context=dashboard_jobs
+    )
+    panels.register(
+        "institution.site",
+        template="federation/panels/site_node.html",
+        context=site_node,
+        order=50,
     )
     panels.register(
         "institution.site", template="federation/panels/site_pools.html", context=site_pools

@@ -15,8 +15,14 @@ seconds (flwr's ``supercore/superexec/run_superexec.py``: 1.0 s by default, 0.01
 processes here get ``superexec_poll`` (:data:`SUPEREXEC_POLL_SECONDS` by default), which takes
 about 0.4 s off every train or evaluate message on every site (issue 12, ADR 0017).
 
-In a multi-host deployment each institution runs its own SuperNode (see docker-compose.yml) and this
-module is not used.
+TLS is on by default: a platform CA under ``<root>/pki`` (``federation.pki``, made on first start)
+signs the SuperLink's certificate for its host (and ``127.0.0.1``/``localhost``, which its own
+SuperExec dials); every SuperNode and the portal's flwr CLI verify it with ``--root-certificates`` /
+``root-certificates``. ``insecure=True`` (plain HTTP, ``--insecure``) exists only for development and
+is reached only through an explicit flag (``manage.py federation_up --insecure-development``).
+
+In a multi-host deployment each institution runs its own SuperNode (see docker-compose.yml and the
+site package, ``frp_site``) and this module is not used there.
 """
 
 from __future__ import annotations
@@ -34,7 +40,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from federation import pki, superlink
 from frp_flwr.signing import KEY_ENV, KEY_FILE_ENV
+from frp_site import nodekey, supernode
 
 #: Never passed to a SuperNode: the ServerApp's callback key (see frp_flwr.signing).
 _SERVERAPP_ONLY = (KEY_ENV, KEY_FILE_ENV)
@@ -58,6 +66,9 @@ class LocalSite:
     store_url: str
     keyring: str
     received_log: str = ""  # optional: the ClientApp appends every message it receives here
+    auth_key: str = ""  # the SuperNode's private key (made on first start when missing)
+    netns: str = ""  # a network namespace standing for the site's own host (multi-host test)
+    superlink_host: str = ""  # the SuperLink's address as that host dials it (default: ours)
 
 
 @dataclass
@@ -69,6 +80,10 @@ class FederationState:
     superlink_pid: int
     supernodes: dict[str, int] = field(default_factory=dict)  # site → pid
     logs: dict[str, str] = field(default_factory=dict)  # process name → log file
+    ca_cert: str = ""  # the CA that signed the SuperLink's certificate ("" when insecure)
+    insecure: bool = False
+    node_auth: bool = False  # SuperNode authentication on (--enable-supernode-auth)
+    node_ids: dict[str, str] = field(default_factory=dict)  # site → registered node id
     sites: dict[str, dict] = field(default_factory=dict)  # site → its LocalSite fields
     host: str = "127.0.0.1"
     node_env: dict[str, str] = field(default_factory=dict)  # extra environment of every SuperNode
@@ -118,15 +133,47 @@ def _log(path: Path):
     return os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
 
 
-def write_control_config(flwr_home: Path, name: str, address: str) -> Path:
-    """Write ``$FLWR_HOME/config.toml`` naming the SuperLink connection ``name`` at ``address``."""
+def write_control_config(
+    flwr_home: Path, name: str, address: str, *, root_certificates: str | Path | None = None
+) -> Path:
+    """Write ``$FLWR_HOME/config.toml`` naming the SuperLink connection ``name`` at ``address``.
+
+    ``root_certificates``: the CA certificate (PEM file) the CLI verifies the SuperLink with; without
+    it the connection is ``insecure = true`` (development only).
+    """
     flwr_home.mkdir(parents=True, exist_ok=True)
     path = flwr_home / "config.toml"
-    path.write_text(
-        f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\n'
-        f'address = "{address}"\ninsecure = true\n'
+    tls = (
+        f"root-certificates = {json.dumps(str(root_certificates))}\n"
+        if root_certificates
+        else "insecure = true\n"
     )
+    text = f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "{address}"\n{tls}'
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+        fh.write(text)
+    os.chmod(path, 0o600)
     return path
+
+
+def write_state_control_config(flwr_home: Path, name: str, state: FederationState) -> Path:
+    """``write_control_config`` for the federation ``state`` (its address and CA, if any)."""
+    return write_control_config(
+        flwr_home, name, state.superlink_address, root_certificates=state.ca_cert or None
+    )
+
+
+def superlink_tls(
+    root: Path, host: str, extra_names: list[str] | None = None
+) -> tuple[pki.CertificateAuthority, pki.ServerCertificate]:
+    """The CA under ``<root>/pki`` (made on first use) and a fresh SuperLink certificate for
+    ``host``, ``127.0.0.1``, ``localhost`` and ``extra_names`` (a wildcard bind address is left
+    out: nobody dials it)."""
+    ca = pki.ca_load_or_create(root / "pki")
+    names = [h for h in [host, "127.0.0.1", "localhost", *(extra_names or [])] if h != "0.0.0.0"]  # noqa: S104
+    cert = pki.server_certificate_issue(
+        ca, root / "pki", name="superlink", hosts=names, replace=True
+    )
+    return ca, cert
 
 
 def start(
@@ -135,16 +182,27 @@ def start(
     *,
     host: str = "127.0.0.1",
     superlink_env: dict[str, str] | None = None,
+    insecure: bool = False,
+    node_auth: bool | None = None,
+    tls_names: list[str] | None = None,
     superexec_poll: float | None = SUPEREXEC_POLL_SECONDS,
 ) -> FederationState:
     """Start a SuperLink and one SuperNode per site under ``root``; return their state.
 
     ``superlink_env``: extra environment of the SuperLink alone (its ServerApp processes inherit
-    it), e.g. ``federation.callbacks.serverapp_environment()``. ``superexec_poll``: seconds
-    between the SuperExecs' task polls (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``); ``None`` leaves
-    Flower's default (1.0 s, or what this environment sets). Raises ``RuntimeError_`` (after
-    stopping what it started) when a process does not come up.
+    it), e.g. ``federation.callbacks.serverapp_environment()``. TLS with the CA of ``<root>/pki``
+    unless ``insecure`` (development only). ``node_auth`` (default: on unless ``insecure``): the
+    SuperLink runs with ``--enable-supernode-auth`` and each site's key (``LocalSite.auth_key``, or
+    ``<root>/node-keys/<site>.key``, made on first start) is registered before its SuperNode
+    starts (``register_nodes``). ``superexec_poll``: seconds between the SuperExecs' task polls
+    (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``); ``None`` leaves Flower's default (1.0 s, or what this
+    environment sets). Raises ``RuntimeError_`` (after stopping what it started) when a process
+    does not come up or a key cannot be registered, ``pki.PkiError`` when the CA is unusable.
+    ``host="0.0.0.0"`` listens on every interface (sites in other network namespaces dial it at
+    the addresses in ``tls_names``, which the certificate names); the portal then uses
+    ``127.0.0.1``.
     """
+    node_auth = (not insecure) if node_auth is None else node_auth
     if superexec_poll is not None and not 0.01 <= superexec_poll <= 60:
         raise RuntimeError_(
             f"superexec_poll must be 0.01–60 s (flwr's range), not {superexec_poll}"
@@ -156,10 +214,21 @@ def start(
     logs = root / "logs"
     port = free_port(host)
     sl_log = logs / "superlink.log"
-    superlink = subprocess.Popen(
+    if insecure:
+        ca_cert, tls_args = "", ["--insecure"]
+    else:
+        ca, cert = superlink_tls(root, host, tls_names)
+        ca_cert = str(ca.cert)
+        tls_args = [
+            f"--ssl-ca-certfile={ca.cert}",
+            f"--ssl-certfile={cert.cert}",
+            f"--ssl-keyfile={cert.key}",
+        ]
+    superlink_proc = subprocess.Popen(
         [
             _bin("flower-superlink"),
-            "--insecure",
+            *tls_args,
+            *(["--enable-supernode-auth"] if node_auth else []),
             "--disable-runtime-dependency-installation",
             "--database",
             str(root / "superlink.db"),
@@ -176,24 +245,31 @@ def start(
     )
     state = FederationState(
         root=str(root),
-        superlink_address=f"{host}:{port}",
-        superlink_pid=superlink.pid,
+        superlink_address=f"{'127.0.0.1' if host == '0.0.0.0' else host}:{port}",  # noqa: S104
+        superlink_pid=superlink_proc.pid,
         logs={"superlink": str(sl_log)},
+        ca_cert=ca_cert,
+        insecure=insecure,
+        node_auth=node_auth,
         host=host,
         node_env=poll_env,
     )
     try:
-        _wait_port(host, port, 60, superlink, sl_log)
+        _wait_port(state.superlink_address.rpartition(":")[0], port, 60, superlink_proc, sl_log)
+        if node_auth:
+            state.node_ids = register_nodes(state, sites)
         for site in sites:
-            _start_supernode(state, site)
+            start_supernode(state, site)
     except Exception:
         stop(state)
         raise
-    _save(state)
+    save_state(state)
     return state
 
 
-def _save(state: FederationState) -> None:
+def save_state(state: FederationState) -> None:
+    """Write ``<root>/federation.json`` (0600; through a temporary file and a rename, so a reader
+    never sees half a file)."""
     path = Path(state.root) / "federation.json"
     tmp = path.with_suffix(".json.tmp")
     with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
@@ -201,28 +277,92 @@ def _save(state: FederationState) -> None:
     os.replace(tmp, path)
 
 
-def _start_supernode(state: FederationState, site: LocalSite) -> int:
-    """Start ``site``'s SuperNode against the state's SuperLink; record it; return its pid."""
-    root, host = Path(state.root), state.host
+def site_auth_key(state: FederationState, site: LocalSite) -> Path:
+    """The private key ``site``'s SuperNode authenticates with (made on first use, 0600)."""
+    path = (
+        Path(site.auth_key)
+        if site.auth_key
+        else Path(state.root) / "node-keys" / f"{site.site}.key"
+    )
+    if not path.exists():
+        nodekey.key_pair_create(path, comment=site.site)
+        os.chmod(f"{path}.pub", 0o600)  # everything under the runtime's root is private
+    return path
+
+
+def control_connection(state: FederationState) -> superlink.Connection:
+    """A connection of the flwr CLI to this federation's SuperLink (its own ``FLWR_HOME``)."""
+    home = Path(state.root) / "control-home"
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(home, 0o700)
+    write_state_control_config(home, "local", state)
+    return superlink.Connection(flwr_home=home, federation="local", app_dir=Path(state.root))
+
+
+def register_nodes(state: FederationState, sites: list[LocalSite]) -> dict[str, str]:
+    """Register each site's public key with the SuperLink, once; return site → node id.
+
+    ``<root>/nodes.json`` remembers what was registered (site → node id, public key): a key the
+    SuperLink still lists under that id is not registered again (the SuperLink's database
+    outlives a restart). Raises ``RuntimeError_`` when the SuperLink refuses a key.
+    """
+    path = Path(state.root) / "nodes.json"
+    known = json.loads(path.read_text()) if path.exists() else {}
+    conn = control_connection(state)
+    try:
+        listed = {n.node_id: n for n in superlink.nodes_list(conn)} if known else {}
+        ids: dict[str, str] = {}
+        for site in sites:
+            public = nodekey.public_key_of(site_auth_key(state, site))
+            entry = known.get(site.site) or {}
+            node = listed.get(str(entry.get("node_id")))
+            if entry.get("public_key") == public and node and node.status != "unregistered":
+                ids[site.site] = node.node_id
+                continue
+            ids[site.site] = superlink.node_register(conn, public, name=site.site)
+            known[site.site] = {"node_id": ids[site.site], "public_key": public}
+            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+                fh.write(json.dumps(known, indent=2))
+    except (superlink.SuperLinkError, nodekey.NodeKeyError) as exc:
+        raise RuntimeError_(f"SuperNode registration failed: {exc}") from exc
+    return ids
+
+
+def start_supernode(state: FederationState, site: LocalSite) -> int:
+    """Start ``site``'s SuperNode against ``state``'s SuperLink; record it (pid, log, how it was
+    started, for ``supernode_restart``) and return its pid.
+
+    TLS with ``--root-certificates`` (the state's CA) unless the federation is ``insecure``; its
+    key with ``--auth-supernode-private-key`` when SuperNode authentication is on; the SuperExec
+    poll setting of ``state.node_env``. With ``site.netns`` it runs inside that network namespace
+    (``ip netns exec``) and dials ``site.superlink_host``. Raises ``RuntimeError_`` when it does
+    not come up.
+    """
+    logs = Path(state.root) / "logs"
+    # Its ClientAppIo port is local only: a wildcard SuperLink bind does not widen it.
+    host = "127.0.0.1" if site.netns or state.host == "0.0.0.0" else state.host  # noqa: S104
     node_port = free_port(host)
-    log = root / "logs" / f"supernode-{site.site}.log"
-    node_config = f'site="{site.site}" store="{site.store_url}" keyring="{site.keyring}"'
+    log = logs / f"supernode-{site.site}.log"
+    config = {"site": site.site, "store": site.store_url, "keyring": site.keyring}
     if site.received_log:
-        node_config += f' received-log="{site.received_log}"'
+        config["received-log"] = site.received_log
+    port = state.superlink_address.rpartition(":")[2]
+    address = f"{site.superlink_host}:{port}" if site.superlink_host else state.superlink_address
+    args = supernode.command(
+        address,
+        node_config=config,
+        ca_cert=state.ca_cert or None,
+        auth_key=site_auth_key(state, site) if state.node_auth else None,
+        port=node_port,
+        host=host,
+        executable=_bin("flower-supernode"),
+        insecure=state.insecure,
+    )
+    if site.netns:
+        args = ["ip", "netns", "exec", site.netns, *args]
     proc = subprocess.Popen(
-        [
-            _bin("flower-supernode"),
-            "--insecure",
-            "--superlink",
-            state.superlink_address,
-            "--host",
-            host,
-            "--port",
-            str(node_port),
-            "--node-config",
-            node_config,
-        ],
-        env=_env(root / f"supernode-{site.site}-home", state.node_env),
+        args,
+        env=_env(Path(state.root) / f"supernode-{site.site}-home", state.node_env),
         stdout=_log(log),
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -230,9 +370,31 @@ def _start_supernode(state: FederationState, site: LocalSite) -> int:
     )
     state.supernodes[site.site] = proc.pid
     state.logs[f"supernode-{site.site}"] = str(log)
+    if site.netns:
+        _wait_port_in(site.netns, node_port, 60, proc, log)
+    else:
+        _wait_port(host, node_port, 60, proc, log)
     state.sites[site.site] = asdict(site)
-    _wait_port(host, node_port, 60, proc, log)
     return proc.pid
+
+
+def _wait_port_in(netns: str, port: int, timeout: float, proc: subprocess.Popen, log: Path) -> None:
+    """``_wait_port`` on 127.0.0.1 inside network namespace ``netns``."""
+    probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=1)"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise RuntimeError_(f"process exited with {proc.returncode}; log tail:\n{tail}")
+        done = subprocess.run(
+            ["ip", "netns", "exec", netns, sys.executable, "-c", probe],
+            capture_output=True,
+            check=False,
+        )
+        if done.returncode == 0:
+            return
+        time.sleep(0.2)
+    raise RuntimeError_(f"nothing listening on {netns}:127.0.0.1:{port} after {timeout:.0f} s")
 
 
 def _end_group(pid: int, timeout: float) -> None:
@@ -255,7 +417,7 @@ _NODE_ID_RE = re.compile(rb"SuperNode ID: (\d+)")
 def node_sites(state: FederationState) -> dict[str, str]:
     """Node id → site of every SuperNode this federation started (restarts included), read from
     the SuperNodes' logs (flwr 1.42 logs ``SuperNode ID: N`` when it registers)."""
-    out: dict[str, str] = {}
+    out: dict[str, str] = {node_id: site for site, node_id in state.node_ids.items()}
     for site in state.supernodes:
         path = Path(state.logs.get(f"supernode-{site}", ""))
         if path.is_file():
@@ -284,8 +446,8 @@ def supernode_restart(root: Path, site: str, *, timeout: float = 10.0) -> int:
             "(it predates restarts): restart the federation once with federation_down/up"
         )
     _end_group(state.supernodes[site], timeout)
-    pid = _start_supernode(state, LocalSite(**state.sites[site]))
-    _save(state)
+    pid = start_supernode(state, LocalSite(**state.sites[site]))
+    save_state(state)
     return pid
 
 

@@ -226,12 +226,14 @@ def releases_for_steward(*, user):
 
 def local_sites() -> list[LocalSite]:
     """Every site registered in the portal that has a local directory (``sandbox.sitestore``):
-    the local federation that ``manage.py federation_up`` starts, one SuperNode per site."""
+    the local federation that ``manage.py federation_up`` starts, one SuperNode per site. Each
+    SuperNode's authentication key lives in its site's directory (``supernode.key``)."""
     return [
         LocalSite(
             site=s.slug,
             store_url=f"file://{site_dir(s.slug) / 'store'}",
             keyring=str(site_dir(s.slug) / "keyring"),
+            auth_key=str(site_dir(s.slug) / "supernode.key"),
         )
         for s in Site.objects.order_by("slug")
         if site_dir(s.slug).exists()

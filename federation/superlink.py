@@ -22,6 +22,9 @@ Contract:
 - ``run_stop(conn, run_id)`` asks the SuperLink to stop a run.
 - ``nodes_list(conn)`` returns every SuperNode the SuperLink knows (``NodeState``: id, status
   ``registered|online|offline|unregistered``, when it registered, was last seen, …).
+- ``node_register(conn, public_key, name=…)`` / ``node_unregister(conn, node_id)``: SuperNode
+  authentication (what ``flwr supernode register|unregister`` send; the SuperLink runs with
+  ``--enable-supernode-auth``), node ids as strings.
 
 Failures raise ``SuperLinkError`` with a readable message; a SuperLink that cannot be reached at
 all (connection refused, timeout) raises its subclass ``SuperLinkUnreachable``. Nothing outside this
@@ -383,3 +386,34 @@ def nodes_list(conn: Connection) -> list[NodeState]:
             )
         )
     return sorted(out, key=lambda n: n.node_id)
+
+
+def node_register(conn: Connection, public_key: str, *, name: str) -> str:
+    """Register a SuperNode's public key (OpenSSH line, an EC key on a NIST curve) under ``name``;
+    return its node id. Raises ``SuperLinkError`` when the key is not such a key or the SuperLink
+    refuses it (already registered, authentication off, …)."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from flwr.proto.control_pb2 import RegisterNodeRequest
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+    try:
+        key = serialization.load_ssh_public_key(public_key.strip().encode())
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        raise SuperLinkError(f"not an OpenSSH public key: {exc}") from None
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise SuperLinkError("not an EC public key (flwr node authentication needs one)")
+    response = _call(
+        conn, "RegisterNode", RegisterNodeRequest(public_key=public_key_to_bytes(key), name=name)
+    )
+    if not response.node_id:
+        raise SuperLinkError("the SuperLink registered the key but returned no node id")
+    return str(response.node_id)
+
+
+def node_unregister(conn: Connection, node_id: str) -> None:
+    """Unregister SuperNode ``node_id``: the SuperLink refuses it from then on."""
+    from flwr.proto.control_pb2 import UnregisterNodeRequest
+
+    _call(conn, "UnregisterNode", UnregisterNodeRequest(node_id=int(node_id)))

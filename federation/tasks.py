@@ -41,3 +41,26 @@ def pools_refresh_task() -> None:
             pool_services.carbon_forecast_fetch(pool=pool)
         except carbon.CarbonError as exc:
             log.warning("pools refresh: carbon forecast of pool %s: %s", pool.pk, exc)
+
+
+@shared_task(
+    name="federation.site_node_unregister",
+    acks_late=True,
+    bind=True,
+    max_retries=10,
+    default_retry_delay=30,
+)
+def site_node_unregister_task(self, site_id: int) -> None:
+    """Unregister a revoked site's SuperNode keys; retried while the SuperLink does not answer
+    (a no-op once none is registered)."""
+    from federation import onboarding
+    from portal.models import Site
+
+    site = Site.objects.filter(pk=site_id).first()
+    if site is None:
+        return
+    try:
+        onboarding.site_node_unregister(site=site)
+    except onboarding.OnboardingError as exc:
+        log.warning("unregistering site %s's SuperNode failed: %s", site.slug, exc)
+        raise self.retry(exc=exc) from exc

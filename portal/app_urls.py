@@ -35,6 +35,11 @@ urlpatterns = [
         name="institution_idp",
     ),
     path("institutions/<slug:slug>/sites/", institution.sites, name="institution_sites"),
+    path(
+        "institutions/<slug:slug>/sites/<slug:site_slug>/revoke/",
+        institution.site_revoke,
+        name="institution_site_revoke",
+    ),
     path("institutions/<slug:slug>/audit/", institution.audit, name="institution_audit"),
     path("ledger/", include("portal.ledger.urls")),
 ]

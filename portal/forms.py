@@ -93,3 +93,16 @@ class ProjectCreateForm(forms.Form):
 class InviteForm(forms.Form):
     email = forms.EmailField(help_text="The person's institutional e-mail; any institution.")
     role = forms.ChoiceField(choices=ProjectRole.choices, initial=ProjectRole.MEMBER)
+
+
+class SiteAddForm(forms.Form):
+    """An institution admin adds a site (its SuperNode host); the site kit comes next."""
+
+    slug = forms.SlugField(
+        label="Site id",
+        max_length=50,
+        help_text="Lower-case letters, digits and hyphens, e.g. hospital-c. Sites report it; it cannot change.",
+    )
+    name = forms.CharField(
+        label="Name", max_length=200, required=False, help_text="Shown on pages."
+    )

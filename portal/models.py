@@ -64,12 +64,41 @@ class Site(models.Model):
     slug = models.SlugField(unique=True, help_text="The site id the SuperNode reports.")
     name = models.CharField(max_length=200)
     created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the site was revoked: its SuperNode is refused."
+    )
 
     class Meta:
         ordering = ["slug"]
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def is_revoked(self) -> bool:
+        return self.revoked_at is not None
+
+
+class SiteCredential(models.Model):
+    """The credential a site's own tool authenticates with (``Authorization: Bearer …``): issued
+    in the site kit, shown once, stored only as its SHA-256. Never a person's password. Issuing a
+    new kit revokes the site's earlier credentials."""
+
+    site = models.ForeignKey(Site, on_delete=models.CASCADE, related_name="credentials")
+    token_sha256 = models.CharField(max_length=64, unique=True, editable=False)
+    prefix = models.CharField(max_length=12, editable=False, help_text="Shown to tell kits apart.")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.site.slug} credential {self.prefix}…"
 
 
 class Project(models.Model):

@@ -349,6 +349,15 @@ FRP_CARBON_WATTTIME_URL = env.str("FRP_CARBON_WATTTIME_URL", default="https://ap
 FRP_CARBON_WATTTIME_TOKEN = env.str("FRP_CARBON_WATTTIME_TOKEN", default="")
 # The local federation: one SuperNode per site, each with its own store and keyring.
 FRP_SITES_DIR = Path(env.str("FRP_SITES_DIR", default=str(VAR_DIR / "sites")))
+# What a site kit tells a site (federation/onboarding.py): the SuperLink address its SuperNode dials
+# (empty: the local federation's), the CA certificate that verifies the SuperLink (and, unless
+# FRP_PORTAL_CA_FILE names another, the portal's HTTPS), and the portal URL its tool talks to.
+FRP_SUPERLINK_PUBLIC_ADDRESS = env.str("FRP_SUPERLINK_PUBLIC_ADDRESS", default="")
+FRP_FEDERATION_CA_FILE = Path(
+    env.str("FRP_FEDERATION_CA_FILE", default=str(VAR_DIR / "federation" / "pki" / "ca.crt"))
+)
+FRP_PORTAL_URL = env.str("FRP_PORTAL_URL", default="") or FRP_CALLBACK_BASE_URL
+FRP_PORTAL_CA_FILE = env.str("FRP_PORTAL_CA_FILE", default="")
 
 # --- Ledger (portal.ledger) ---------------------------------------------------------------------
 # The log's origin line in its checkpoints (c2sp.org/tlog-checkpoint); default: <first host>/ledger.

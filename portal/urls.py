@@ -11,6 +11,7 @@ urlpatterns = [
     path("accounts/", include("allauth.urls")),
     path("jobs/", include("federation.urls")),
     path("accounting/", include("accounting.urls")),
+    path("", include("federation.site_urls")),
     path("", include("sandbox.urls")),
     path("", include("portal.app_urls")),
 ]

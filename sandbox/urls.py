@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from sandbox import views
+from sandbox import site_api, views
 
 app_name = "sandbox"
 urlpatterns = [
@@ -12,4 +12,14 @@ urlpatterns = [
     path("access-requests/", views.steward_queue, name="steward_queue"),
     path("access-requests/<int:pk>/decide/", views.request_decide, name="request_decide"),
     path("access-requests/<int:pk>/revoke/", views.grant_revoke, name="grant_revoke"),
+    # The sites' own API (frp-site ingest / key rotate), authenticated by the site credential.
+    path(
+        "api/site/v1/datasets/<str:slug>/next-version",
+        site_api.next_version,
+        name="api_next_version",
+    ),
+    path("api/site/v1/datasets", site_api.datasets, name="api_datasets"),
+    path(
+        "api/site/v1/versions/<int:pk>/object", site_api.version_object, name="api_version_object"
+    ),
 ]

@@ -11,7 +11,8 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from portal import selectors, services
-from portal.forms import IdentityProviderForm, MemberRolesForm
+from portal import sites as site_services
+from portal.forms import IdentityProviderForm, MemberRolesForm, SiteAddForm
 from portal.models import IdentityProvider, Institution, Membership, Role
 from portal.permissions import can
 
@@ -146,14 +147,45 @@ def identity_provider(request, slug: str):
 
 @login_required
 def sites(request, slug: str):
-    """The institution's sites (read-only here); the federation adds each site's compute pools
-    (panel slot ``institution.site``)."""
+    """The institution's sites, and a form to add one (then its kit, from the federation's panel:
+    slot ``institution.site``, which also shows each SuperNode's state and the compute pools)."""
     institution = _institution_or_404(request, slug)
+    form = SiteAddForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            site = site_services.site_create(
+                by=request.user,
+                institution=institution,
+                slug=form.cleaned_data["slug"],
+                name=form.cleaned_data["name"],
+            )
+        except site_services.SiteError as exc:
+            form.add_error("slug", str(exc))
+        else:
+            messages.success(request, f"Site {site.slug} added: download its kit below.")
+            return redirect("portal:institution_sites", slug=institution.slug)
     return render(
         request,
         "portal/institution/sites.html",
-        {"institution": institution, "sites": institution.sites.order_by("slug"), "tab": "sites"},
+        {
+            "institution": institution,
+            "sites": institution.sites.order_by("slug"),
+            "form": form,
+            "tab": "sites",
+        },
+        status=400 if form.errors else 200,
     )
+
+
+@login_required
+@require_POST
+def site_revoke(request, slug: str, site_slug: str):
+    """Revoke a site: its credential stops working and its SuperNode is unregistered."""
+    institution = _institution_or_404(request, slug)
+    site = get_object_or_404(institution.sites, slug=site_slug)
+    site_services.site_revoke(by=request.user, site=site)
+    messages.success(request, f"Site {site.slug} revoked: the SuperLink refuses its SuperNode.")
+    return redirect("portal:institution_sites", slug=institution.slug)
 
 
 @login_required

@@ -106,12 +106,26 @@ def flower_job_world(django_db_setup, django_db_blocker, live_server, tmp_path_f
 
 @contextlib.contextmanager
 def flower_world(
-    slugs, *, root: Path, live_server, django_db_blocker, env: dict | None = None, csvs=None
+    slugs,
+    *,
+    root: Path,
+    live_server,
+    django_db_blocker,
+    env: dict | None = None,
+    csvs=None,
+    site_netns: dict[str, tuple[str, str]] | None = None,
+    superlink_host: str = "127.0.0.1",
+    tls_names: list[str] | None = None,
 ):
     """Seed one site per slug (hospital-a's CSV with the canaries, or ``csvs``: slug → a CSV
     file of the caller's), ingest and grant each dataset, start a SuperLink, a SuperNode per site
-    and a Celery worker with beat; stop and flush after. ``env``: extra environment of the worker
-    (e.g. ``FRP_ROUND_TIMEOUT``)."""
+    and a Celery worker with beat; stop and flush after.
+
+    ``env``: extra environment of the worker (e.g. ``FRP_ROUND_TIMEOUT``). ``site_netns``: slug →
+    (network namespace, SuperLink address seen from it): that site's SuperNode runs in its
+    namespace (tests/federation/test_multihost_netns.py); the SuperLink then listens on
+    ``superlink_host`` with a certificate also naming ``tls_names``."""
+    site_netns = site_netns or {}
     from django.contrib.auth import get_user_model
 
     saved = {
@@ -176,13 +190,17 @@ def flower_world(
                         store_url=f"file://{dj_settings.FRP_SITES_DIR / s.slug / 'store'}",
                         keyring=str(dj_settings.FRP_SITES_DIR / s.slug / "keyring"),
                         received_log=str(root / "received-logs" / f"{s.slug}.jsonl"),
+                        netns=site_netns.get(s.slug, ("", ""))[0],
+                        superlink_host=site_netns.get(s.slug, ("", ""))[1],
                     )
                     for s in sites
                 ],
                 superlink_env=callbacks.serverapp_environment(),
+                host=superlink_host,
+                tls_names=tls_names,
             )
-            runtime.write_control_config(
-                dj_settings.FRP_FLWR_HOME, dj_settings.FRP_FEDERATION_NAME, state.superlink_address
+            runtime.write_state_control_config(
+                dj_settings.FRP_FLWR_HOME, dj_settings.FRP_FEDERATION_NAME, state
             )
             db = connection.settings_dict
             env = dict(

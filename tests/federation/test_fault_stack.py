@@ -42,8 +42,8 @@ def test_stack_killed_mid_job_and_restarted_reconciles_the_job_to_failed(world, 
         world.federation = runtime.start(
             world.runtime_root, sites, superlink_env=callbacks.serverapp_environment()
         )  # the same folder: the same SuperLink database
-        runtime.write_control_config(
-            settings.FRP_FLWR_HOME, settings.FRP_FEDERATION_NAME, world.federation.superlink_address
+        runtime.write_state_control_config(
+            settings.FRP_FLWR_HOME, settings.FRP_FEDERATION_NAME, world.federation
         )
         world.worker_start()
 

@@ -3,7 +3,9 @@
 Three sites, so the job can go on without one. The job page must say which site was lost in which
 round and count it; ``manage.py supernode_restart`` must restart that site alone (the SuperLink and
 the other SuperNodes keep their processes), and the admin page must show each SuperNode's state as
-the SuperLink reports it: the dead node offline, the restarted one online under a new node id.
+the SuperLink reports it: the dead node offline, then online again after the restart. With SuperNode
+authentication (on by default, ADR 0021) the site's key is registered once, so the restarted
+SuperNode comes back under the same node id.
 """
 
 from __future__ import annotations
@@ -68,6 +70,19 @@ def test_supernode_killed_mid_round_is_named_and_counted_then_restarts_alone(
         data = fs.page(world.researcher, reverse("federation:job_progress_json", args=[job.pk]))
         assert f'"site": "{LOST}", "round": {lost_round}' in data
 
+        # The SuperLink counts the killed SuperNode offline before the restart.
+        wait_for(
+            lambda: (
+                {n.node_id: n for n in superlink.nodes_list(fs.connection())}[old_node].status
+                == "offline"
+            ),
+            timeout=120,
+            what="the killed SuperNode offline",
+        )
+        admin = get_user_model().objects.create_user("root", password="pw-admin-123", is_staff=True)
+        html = fs.page(admin, reverse("federation:supernodes"))
+        assert f'data-node-id="{old_node}" data-status="offline" data-site="{LOST}"' in html
+
         # Restart that site alone: nothing else is touched.
         before = runtime.load_state(world.runtime_root)
         others = {s: p for s, p in before.supernodes.items() if s != LOST}
@@ -80,20 +95,17 @@ def test_supernode_killed_mid_round_is_named_and_counted_then_restarts_alone(
         assert after.supernodes[LOST] != before.supernodes[LOST]
         assert fs.alive(after.supernodes[LOST])
 
-        # The SuperLink sees the restarted SuperNode online under a new node id, the old one not.
+        # The SuperLink sees the restarted SuperNode online again, under its registered node id.
         def restarted_online():
             states = selectors.supernode_states()["nodes"]
-            new = [n for n in states if n["site"] == LOST and n["status"] == "online"]
-            return new if new and new[0]["node_id"] != old_node else None
+            return [n for n in states if n["site"] == LOST and n["status"] == "online"] or None
 
         (new,) = wait_for(restarted_online, timeout=120, what="the restarted SuperNode online")
+        assert new["node_id"] == old_node == after.node_ids[LOST]
         states = {n.node_id: n for n in superlink.nodes_list(fs.connection())}
-        assert states[old_node].status == "offline"
         assert sum(1 for n in states.values() if n.status == "online") == 3
 
-        admin = get_user_model().objects.create_user("root", password="pw-admin-123", is_staff=True)
         html = fs.page(admin, reverse("federation:supernodes"))
         assert f'data-node-id="{new["node_id"]}" data-status="online" data-site="{LOST}"' in html
-        assert f'data-node-id="{old_node}" data-status="offline" data-site="{LOST}"' in html
         for site in others:
             assert f'data-status="online" data-site="{site}"' in html

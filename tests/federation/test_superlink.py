@@ -28,7 +28,7 @@ def link(tmp_path_factory):
         root / "federation",
         [runtime.LocalSite(site="hospital-a", store_url=f"file://{root}/a", keyring=str(root))],
     )
-    runtime.write_control_config(root / "control", "local", state.superlink_address)
+    runtime.write_state_control_config(root / "control", "local", state)
     conn = superlink.Connection(
         flwr_home=root / "control", federation="local", app_dir=settings.FRP_FLWR_APP_DIR
     )
@@ -155,7 +155,7 @@ def test_a_bad_app_folder_is_a_superlink_error(link, tmp_path):
 
 def test_a_stopped_superlink_is_unreachable(tmp_path):
     state = runtime.start(tmp_path / "federation", [])
-    runtime.write_control_config(tmp_path / "control", "local", state.superlink_address)
+    runtime.write_state_control_config(tmp_path / "control", "local", state)
     conn = superlink.Connection(flwr_home=tmp_path / "control", federation="local", app_dir=Path())
     assert superlink.runs_list(conn) == []
 

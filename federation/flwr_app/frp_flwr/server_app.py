@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -147,7 +149,9 @@ class Reporter:
                 self.url, data=body, headers=headers, method="POST"
             )
             try:
-                with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+                with urllib.request.urlopen(  # noqa: S310
+                    request, timeout=10, context=_tls_context(self.url)
+                ) as response:
                     return _answer(response.read())
             except urllib.error.HTTPError as exc:
                 if exc.code < 500:
@@ -162,6 +166,18 @@ class Reporter:
                 log.warning("callback %s failed (attempt %d): %s", event.name, attempt + 1, exc)
             time.sleep(0.5 * 2**attempt)
         return CallbackAnswer(ok=False, error="the portal did not answer")
+
+
+#: The CA certificate (PEM file) the portal's HTTPS certificate is verified with, from this host's
+#: environment; unset: the system's trust store.
+CALLBACK_CA_ENV = "FRP_CALLBACK_CA_FILE"
+
+
+def _tls_context(url: str) -> ssl.SSLContext | None:
+    """The TLS context for an ``https://`` callback URL (certificate and host name verified)."""
+    if not url.startswith("https://"):
+        return None
+    return ssl.create_default_context(cafile=os.environ.get(CALLBACK_CA_ENV) or None)
 
 
 def _answer(raw: bytes) -> CallbackAnswer:

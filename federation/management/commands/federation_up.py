@@ -1,14 +1,27 @@
-"""``manage.py federation_up``: start the local SuperLink and one SuperNode per local site."""
+"""``manage.py federation_up``: start the local SuperLink and one SuperNode per local site.
+
+TLS is always on (a platform CA under ``FRP_VAR_DIR/federation/pki``, made on first start);
+``--insecure-development`` runs the SuperLink and SuperNodes in plain HTTP, for debugging only.
+"""
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from federation import callbacks, runtime
+from federation import callbacks, onboarding, pki, runtime
 from federation.selectors import local_sites
+from frp_site import nodekey
+from portal.models import Site
 
 
 class Command(BaseCommand):
     help = "Start the local Flower federation (SuperLink + SuperNodes) and point the portal at it."
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--insecure-development",
+            action="store_true",
+            help="DEVELOPMENT ONLY: no TLS between SuperLink, SuperNodes and the flwr CLI.",
+        )
 
     def handle(self, *args, **options):
         root = settings.FRP_FEDERATION_DIR
@@ -23,13 +36,30 @@ class Command(BaseCommand):
         sites = local_sites()
         if not sites:
             raise CommandError("no local sites: run `manage.py demo_seed` first")
+        insecure = options["insecure_development"]
+        if insecure:
+            self.stderr.write(
+                "WARNING: TLS is off (--insecure-development): never use this for data."
+            )
         try:
-            state = runtime.start(root, sites, superlink_env=callbacks.serverapp_environment())
-        except (runtime.RuntimeError_, callbacks.CallbackKeyError) as exc:
+            state = runtime.start(
+                root, sites, superlink_env=callbacks.serverapp_environment(), insecure=insecure
+            )
+        except (runtime.RuntimeError_, callbacks.CallbackKeyError, pki.PkiError) as exc:
             raise CommandError(str(exc)) from exc
-        runtime.write_control_config(
-            settings.FRP_FLWR_HOME, settings.FRP_FEDERATION_NAME, state.superlink_address
+        runtime.write_state_control_config(
+            settings.FRP_FLWR_HOME, settings.FRP_FEDERATION_NAME, state
         )
+        # The admin pages show these SuperNodes like any other (registered by the runtime itself).
+        for site in sites:
+            if site.site in state.node_ids:
+                onboarding.site_node_record(
+                    site=Site.objects.get(slug=site.site),
+                    public_key=nodekey.public_key_of(runtime.site_auth_key(state, site)),
+                    node_id=state.node_ids[site.site],
+                )
+        tls = "plain HTTP (development)" if insecure else f"TLS, CA {state.ca_cert}"
         self.stdout.write(
-            f"SuperLink at {state.superlink_address}; SuperNodes: {', '.join(state.supernodes)}."
+            f"SuperLink at {state.superlink_address} ({tls}); "
+            f"SuperNodes: {', '.join(state.supernodes)}."
         )

@@ -1,0 +1,110 @@
+"""docker-compose.yml: the multi-host topology, checked without a container engine.
+
+No Docker engine runs here (and no ``docker compose`` plugin is installed), so the file is checked
+with PyYAML (anchors and ``<<`` merges resolved as Compose does) and every Flower command line is
+checked against the installed flwr 1.42's own ``--help`` and its own ``--node-config`` parser.
+The same flags run for real in the integration tests (``federation.runtime`` builds the SuperNode
+command with ``frp_site.supernode.command``, the one the site tool uses).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SITES = ("hospital-a", "hospital-b", "hospital-c")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def _flags(program: str) -> set[str]:
+    out = subprocess.run(
+        [str(Path(sys.executable).with_name(program)), "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    ).stdout
+    return set(re.findall(r"(--[a-z][a-z-]+)", out))
+
+
+def _used_flags(command: list[str] | str) -> set[str]:
+    text = command if isinstance(command, str) else " ".join(command)
+    return set(re.findall(r"(?:^|\s)(--[a-z][a-z-]+)", text))
+
+
+def test_three_sites_each_with_own_store_and_supernode(compose):
+    services = compose["services"]
+    for site in SITES:
+        for name in (f"minio-{site}", f"minio-init-{site}", f"supernode-{site}"):
+            assert services[name]["profiles"] == [site], name
+        assert compose["networks"][site] == {"internal": True}
+        assert set(services[f"supernode-{site}"]["networks"]) == {"default", site}
+        assert services[f"minio-{site}"]["networks"] == [site]  # reached by its site only
+
+
+def test_depends_on_stay_within_a_profile(compose):
+    services = compose["services"]
+    for name, svc in services.items():
+        for dep in svc.get("depends_on", {}):
+            assert dep in services, (name, dep)
+            assert services[dep]["profiles"] == svc["profiles"], (name, dep)
+
+
+def test_supernodes_use_tls_node_auth_and_real_flags(compose):
+    from flwr.common.config import parse_config_args
+
+    known = _flags("flower-supernode")
+    for site in SITES:
+        cmd = compose["services"][f"supernode-{site}"]["command"]
+        used = _used_flags(cmd)
+        assert used <= known, used - known
+        assert {"--root-certificates", "--auth-supernode-private-key"} <= used
+        assert "--insecure" not in used
+        (node_config,) = [a.split("=", 1)[1] for a in cmd if a.startswith("--node-config=")]
+        parsed = parse_config_args([node_config])
+        assert parsed["site"] == site and parsed["keyring"] == "/keys"
+        assert parsed["store"] == f"s3://minio-{site}:9000/{site}"
+
+
+def test_superlink_uses_tls_and_node_auth_with_real_flags(compose):
+    cmd = compose["services"]["superlink"]["command"][-1]  # sh -c "… exec flower-superlink …"
+    used = _used_flags(cmd)
+    known = _flags("flower-superlink")
+    assert used <= known, used - known
+    assert {
+        "--ssl-ca-certfile",
+        "--ssl-certfile",
+        "--ssl-keyfile",
+        "--enable-supernode-auth",
+    } <= used
+    assert "--insecure" not in used
+
+
+def test_every_secret_and_config_declared(compose):
+    for name, svc in compose["services"].items():
+        for ref in svc.get("secrets", []):
+            assert ref["source"] in compose["secrets"], (name, ref)
+        for ref in svc.get("configs", []):
+            assert ref["source"] in compose["configs"], (name, ref)
+        for vol in svc.get("volumes", []):
+            source = vol.split(":", 1)[0]
+            if not source.startswith((".", "/")):
+                assert source in compose["volumes"], (name, source)
+
+
+def test_every_variable_listed_in_env_example():
+    text = (ROOT / "docker-compose.yml").read_text()
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    used = set(re.findall(r"\$\{([A-Z0-9_]+)", code))
+    listed = set(re.findall(r"^#?\s*([A-Z0-9_]+)=", (ROOT / ".env.example").read_text(), re.M))
+    assert used <= listed, used - listed
