@@ -302,10 +302,7 @@ def schedule_pass(*, now: datetime | None = None) -> dict[int, scheduling.Decisi
         fields = ["sched_reason", "sched_priority", "est_start", "est_end", "est_cost"]
         fields += ["est_energy_kwh", "est_emissions_g"]
         if d.action is scheduling.Action.REFUSE:
-            from federation.services import job_refuse
-
-            job_refuse(job=job, reason=f"{d.reason}: {d.detail}")
-            continue
+            continue  # the caller refuses it (``services.job_launch``: admission imports no service)
         if d.action is not scheduling.Action.START:
             job.status_detail = _explain(d, job.policy)
             fields.append("status_detail")

@@ -27,6 +27,7 @@ from datetime import datetime
 from functools import partial
 from pathlib import Path
 
+from celery import signature
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -239,9 +240,10 @@ def site_node_unregister(*, site: Site, by=None) -> list[str]:
 def on_site_revoked(sender, *, site, by=None, **kwargs) -> None:
     """Receiver of ``portal.signals.site_revoked``: unregister the site's SuperNode after commit
     (a Celery task, retried while the SuperLink does not answer)."""
-    from federation.tasks import site_node_unregister_task
-
-    transaction.on_commit(partial(site_node_unregister_task.delay, site.pk))
+    # By name, so that this module does not import the tasks that import it.
+    transaction.on_commit(
+        partial(signature("federation.site_node_unregister", args=(site.pk,)).delay)
+    )
 
 
 @dataclass(frozen=True)

@@ -351,6 +351,11 @@ def job_launch(*, job_id: int) -> FederatedJob:
             _fail(job, f"access grant no longer valid for site(s): {', '.join(lost)}")
             return job
         decisions = admission.schedule_pass()
+        for pk, d in decisions.items():  # the pass refuses jobs that can never run
+            if d.action == "refuse":
+                refused = FederatedJob.objects.filter(pk=pk, status=JobStatus.QUEUED).first()
+                if refused is not None:
+                    job_refuse(job=refused, reason=f"{d.reason}: {d.detail}")
         others = [pk for pk, d in decisions.items() if d.action == "start" and pk != job.pk]
         for pk in others:  # jobs the same pass admitted: each launches in its own task
             transaction.on_commit(signature(JOB_LAUNCH_TASK, args=(pk,)).delay, robust=True)
