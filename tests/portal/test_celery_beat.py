@@ -16,30 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.federation.fault_support import alive, children_of
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def children_of(pid: int) -> list[int]:
-    """Pids whose parent is ``pid`` (from /proc)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            out.append(int(entry.name))
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def wait_for(predicate, *, timeout: float, what: str):
