@@ -157,6 +157,25 @@ def _validate_columns(
     return task, features, out_plans
 
 
+def _validate_training(model: dict | None, strategy: dict | None, *, sites: int):
+    """The complete model and strategy specs (``contract.read_model_choice`` /
+    ``read_strategy_choice``); raises ``JobError`` on ``model_kind`` / ``strategy_name``."""
+    from frp_flwr.strategies import krum_problem
+
+    try:
+        model_spec = contract.read_model_choice(model or {"kind": "linear"})
+    except contract.ContractError as exc:
+        raise JobError("model", {"model_kind": [str(exc)]}) from None
+    try:
+        strategy_spec = contract.read_strategy_choice(strategy or {"name": "fedavg"})
+    except contract.ContractError as exc:
+        raise JobError("strategy", {"strategy_name": [str(exc)]}) from None
+    problem = krum_problem(strategy_spec, sites)
+    if problem:
+        raise JobError("strategy", {"strategy_name": [problem]})
+    return model_spec, strategy_spec
+
+
 @transaction.atomic
 def job_submit(
     *,
@@ -171,6 +190,8 @@ def job_submit(
     local_epochs: int = 5,
     learning_rate: float = 0.1,
     schedule: dict | None = None,
+    model: dict | None = None,
+    strategy: dict | None = None,
 ) -> FederatedJob:
     """Validate and queue a job; its launch is queued after the transaction commits.
 
@@ -184,6 +205,11 @@ def job_submit(
     ``budget_cap`` (``Decimal``), ``qos``, ``preemptible``, ``cores`` / ``memory_gib`` / ``gpus``
     per site (the same request at every site). The run time is estimated here
     (``admission.duration_estimate``).
+
+    ``model`` (``{"kind": "linear"|"mlp", …}``) and ``strategy`` (``{"name": "fedavg"|…, …}``):
+    validated by the contract (``frp_flwr.models`` / ``frp_flwr.strategies``) and stored complete;
+    ``None`` means linear + FedAvg. Krum's ``num_malicious_nodes`` must leave more than
+    ``2f + 2`` sites. A bad value raises ``JobError`` on ``model_kind`` or ``strategy_name``.
     """
     schedule = dict(schedule or {})
     if not can(by, "job.submit", project):
@@ -209,6 +235,7 @@ def job_submit(
             "no valid grant",
             {"datasets": [f"No valid access grant for this project: {', '.join(ungranted)}."]},
         )
+    model_spec, strategy_spec = _validate_training(model, strategy, sites=len(versions))
     task, features, plans = _validate_columns(
         versions, target_column, list(feature_columns or []), list(preprocessing or [])
     )
@@ -229,6 +256,10 @@ def job_submit(
         num_rounds=num_rounds,
         local_epochs=local_epochs,
         learning_rate=learning_rate,
+        model=model_spec["kind"],
+        model_spec=model_spec,
+        strategy=strategy_spec["name"],
+        strategy_spec=strategy_spec,
         policy=schedule.get("policy") or "asap",
         deadline=schedule.get("deadline"),
         budget_cap=schedule.get("budget_cap"),
@@ -282,6 +313,8 @@ def job_run_config(job: FederatedJob) -> contract.RunConfig:
         min_sites=MIN_SITES,
         task=job.task,
         plans=[contract.FeaturePlan(**p) for p in job.preprocessing],
+        model=dict(job.model_spec or {"kind": "linear"}),
+        strategy=dict(job.strategy_spec or {"name": "fedavg"}),
     )
     callback = settings.FRP_CALLBACK_BASE_URL.rstrip("/") + reverse(
         "federation:job_callback", args=[job.pk]

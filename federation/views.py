@@ -69,6 +69,8 @@ def job_create(request):
                 local_epochs=data["local_epochs"],
                 learning_rate=data["learning_rate"],
                 schedule=sched.cleaned_data,
+                model=data["model"],
+                strategy=data["strategy"],
             )
         except services.JobError as exc:
             for field, errors in exc.field_errors.items():

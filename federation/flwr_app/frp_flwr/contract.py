@@ -278,6 +278,28 @@ class FeaturePlan(_Record):
         return plan
 
 
+def read_model_choice(value: Any, where: str = "model") -> dict:
+    """A job's ``model`` object, complete (``frp_flwr.models.read_model_spec``). Raises
+    ``ContractError`` naming the field."""
+    from frp_flwr.models import ModelSpecError, read_model_spec
+
+    try:
+        return read_model_spec(value, where)
+    except ModelSpecError as exc:
+        raise ContractError(str(exc)) from None
+
+
+def read_strategy_choice(value: Any, where: str = "strategy") -> dict:
+    """A job's ``strategy`` object, complete (``frp_flwr.strategies.read_strategy_spec``).
+    Raises ``ContractError`` naming the field."""
+    from frp_flwr.strategies import StrategySpecError, read_strategy_spec
+
+    try:
+        return read_strategy_spec(value, where)
+    except StrategySpecError as exc:
+        raise ContractError(str(exc)) from None
+
+
 def _choice(value: Any, where: str, choices) -> str:
     text = read_str(value, where, max_len=40)
     if text not in choices:
@@ -294,7 +316,10 @@ class JobSpec(_Record):
     ``classification`` (softmax regression) or ``regression`` (linear regression). ``plans``: how
     each feature is encoded and its missing cells handled (``FeaturePlan``; a feature without a
     plan is numeric with median imputation). ``small_count``: categories held by at most this
-    many rows at a site are merged into "other" there.
+    many rows at a site are merged into "other" there. ``model``: ``{"kind": "linear"|"mlp",
+    …hyper-parameters}`` (``frp_flwr.models.read_model_spec``); ``strategy``: ``{"name":
+    "fedavg"|"fedprox"|…, …params}`` (``frp_flwr.strategies.read_strategy_spec``); a spec
+    without them means linear + FedAvg.
     """
 
     sites: dict[str, SitePointer]
@@ -304,6 +329,8 @@ class JobSpec(_Record):
     task: str = "classification"
     plans: list[FeaturePlan] = field(default_factory=list)
     small_count: int = SMALL_COUNT
+    model: dict = field(default_factory=lambda: {"kind": "linear"})
+    strategy: dict = field(default_factory=lambda: {"name": "fedavg"})
 
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
@@ -331,6 +358,8 @@ class JobSpec(_Record):
                         for i, p in enumerate(read_list(v, w, max_items=10_000))
                     ],
                     "small_count": lambda v, w: read_int(v, w, lo=0, hi=1_000_000),
+                    "model": read_model_choice,
+                    "strategy": read_strategy_choice,
                 },
             )
         )

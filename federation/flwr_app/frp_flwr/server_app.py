@@ -1,4 +1,4 @@
-"""ServerApp: discovers the job's sites, runs FedAvg, reports every round to the portal.
+"""ServerApp: discovers the job's sites, runs the job's strategy, reports every round to the portal.
 
 Flow of one run (one portal job):
 
@@ -10,7 +10,9 @@ Flow of one run (one portal job):
    allocated cores): every reply's example count and CPU/wall seconds are checked against them
    and the time measured here (ADR 0024); a site out of bounds is faulty and dropped.
 2. **Rounds** — FedAvg (McMahan et al. 2017, "Communication-Efficient Learning of Deep Networks from
-   Decentralized Data"), using Flower's ``FedAvg`` aggregation, over the job's nodes only (other jobs'
+   Decentralized Data") by default, or the job's strategy (``frp_flwr.strategies``: Flower's
+   FedProx, FedAdam, FedYogi, FedAdagrad, FedMedian, FedTrimmedAvg, Krum), with Flower's own
+   aggregation, over the job's nodes only (other jobs'
    sites on the same SuperLink are never sampled). Each round: train, then federated evaluation on
    each site's held-out split. Replies are attributed through ``reply_to_message_id`` → the node the
    message was sent to (SuperLink errors come from node 1). A site that errs, times out or sends a
@@ -50,7 +52,6 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg
 
 from frp_flwr.coalitions import coalition_key, contribution_plan
 from frp_flwr.contract import (
@@ -83,6 +84,7 @@ from frp_flwr.contract import (
     metering_problem,
 )
 from frp_flwr.metrics import baseline, pooled_metrics, site_metrics
+from frp_flwr.models import model_for
 from frp_flwr.preprocess import (
     Fitted,
     PreprocessError,
@@ -91,11 +93,11 @@ from frp_flwr.preprocess import (
     standardise_from,
 )
 from frp_flwr.signing import SignatureError, job_key, master_key_from_environ, sign
+from frp_flwr.strategies import aggregate_train, build_strategy
+from frp_flwr.strategies import coalition_models as strategy_coalition_models
 from frp_flwr.task import (
     MAX_COALITION_MODELS,
     RoundLog,
-    coalition_models,
-    init_params,
     readable_error,
     sanitise,
     sort_classes,
@@ -499,6 +501,7 @@ def evaluate_contribution(
     seed: int = 0,
     check: ReplyCheck | None = None,
     task: str = "classification",
+    strategy: dict | None = None,
 ) -> Contribution:
     """Score coalition models at every active site with one message each; return the event.
 
@@ -513,7 +516,9 @@ def evaluate_contribution(
     utility beyond the other sites' range when three or more sites evaluate. ``disagreement``: per
     site, the mean |score_s(S) − utility(S)| over all models (a site far from the others stands
     out). A site whose reply does not fit the contract or ``check`` (bounds of its held-out rows
-    and metering) is left out (named in ``errors``). Raises ``JobFailed`` when no site replies.
+    and metering) is left out (named in ``errors``). ``strategy``: the job's strategy spec; the
+    coalition models re-apply it (``strategies.coalition_models``, ADR 0022). Raises
+    ``JobFailed`` when no site replies.
     """
     t0 = time.monotonic()
     method, coalitions, permutations = contribution_plan(len(players), seed=seed)
@@ -522,8 +527,8 @@ def evaluate_contribution(
     with_rounds = len(coalitions) * (len(rounds) + 1) <= MAX_COALITION_MODELS
     by_round: list[tuple[str, list[np.ndarray]]] = []
     for coalition in coalitions:
-        run_model, round_models = coalition_models(
-            initial, rounds, coalition, with_rounds=with_rounds
+        run_model, round_models = strategy_coalition_models(
+            strategy, initial, rounds, coalition, with_rounds=with_rounds
         )
         keys.append(f"0|{coalition_key(coalition)}")
         models.append(run_model)
@@ -823,11 +828,8 @@ class _Run:
     players: list[str]
     player_of: dict[str, int]
     initial: list[np.ndarray]
-    strategy: FedAvg = field(
-        default_factory=lambda: FedAvg(
-            min_train_nodes=1, min_evaluate_nodes=1, min_available_nodes=1
-        )
-    )
+    #: The job's Flower strategy (``frp_flwr.strategies.build_strategy``); FedAvg by default.
+    strategy: Any = field(default_factory=lambda: build_strategy(None))
     history: list[RoundLog] = field(default_factory=list)
     last_eval: dict[str, SiteEvaluation] = field(default_factory=dict)
     reports: dict[str, EvalReport] = field(default_factory=dict)
@@ -964,7 +966,11 @@ def _start(grid: Grid, cfg: RunConfig, reporter: Reporter, found: _Discovered) -
     faulty = _refuse_by_limits(found, limits, cfg.spec.min_sites)
     fitted = prepared.fitted
     classes = fitted.classes
-    arrays = ArrayRecord(init_params(len(fitted.mean), max(1, len(fitted.classes))))
+    arrays = ArrayRecord(
+        model_for(cfg.spec.model).init_params(
+            len(fitted.mean), max(1, len(fitted.classes)), seed=cfg.split_seed
+        )
+    )
     players = sorted(active)  # contribution players: index = position
     return _Run(
         grid=grid,
@@ -978,6 +984,7 @@ def _start(grid: Grid, cfg: RunConfig, reporter: Reporter, found: _Discovered) -
         players=players,
         player_of={s: i for i, s in enumerate(players)},
         initial=_arrays(arrays),
+        strategy=build_strategy(cfg.spec.strategy),
         limits=limits,
         faulty=faulty,
         site_node=found.site_node,
@@ -1021,7 +1028,9 @@ def _train_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> dict:
             examples={player[n]: m.num_examples for n, (_, m) in train.items()},
         )
     )
-    arrays, train_agg = run.strategy.aggregate_train(rnd, [r for r, _ in train.values()])
+    arrays, train_agg = aggregate_train(
+        run.strategy, rnd, run.arrays, [r for r, _ in train.values()]
+    )
     if not all(np.isfinite(a).all() for a in _arrays(arrays)):
         run.post_partial(rnd, sites_out)
         raise NonFinite(f"round {rnd}: the aggregated model is not finite (NaN or infinity)")
@@ -1172,6 +1181,7 @@ def _report_contribution(run: _Run) -> None:
             poll=run.cfg.poll_interval,
             check=run.test_check,
             task=run.task,
+            strategy=run.cfg.spec.strategy,
         )
     except Exception as exc:  # contribution is an add-on: the trained model stands regardless
         log.warning("contribution evaluation failed: %s", exc)
