@@ -154,9 +154,13 @@ def outcome(cancer_world, django_db_blocker):
 
         job = wait_for(finished_with_contribution, timeout=900, what="the MLP job to finish")
         site_errors = {js.site.slug: js.last_error for js in job.sites.select_related("site")}
+        from federation import services
+
+        sent_spec = contract.JobSpec.from_json(services.job_run_config(job).job_spec)
         centralised, test_rows = _centralised(w, job)
         return {
             "site_errors": site_errors,
+            "sent_spec": sent_spec,
             "job": job,
             "form_page": form_page,
             "job_page": client.get(f"/jobs/{job.pk}/").content.decode(),
@@ -191,9 +195,7 @@ def test_mlp_with_fedprox_reaches_sklearn_mlp_on_pooled_data(outcome):
 
 
 def test_every_site_received_the_model_and_the_strategy_in_the_run_config(outcome):
-    from federation import services
-
-    spec = contract.JobSpec.from_json(services.job_run_config(outcome["job"]).job_spec)
+    spec = outcome["sent_spec"]
     assert spec.model["kind"] == "mlp" and spec.strategy["name"] == "fedprox"
 
 
