@@ -33,6 +33,7 @@ import io
 import json
 import os
 import tempfile
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,7 +221,7 @@ class Checkpoint:
             )
         except CheckpointError:
             raise
-        except (ValueError, KeyError, TypeError, OSError, EOFError) as exc:
+        except (ValueError, KeyError, TypeError, OSError, EOFError, zipfile.BadZipFile) as exc:
             raise CheckpointError(
                 f"not a readable checkpoint: {type(exc).__name__}: {exc}"
             ) from None
