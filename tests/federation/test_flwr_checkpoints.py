@@ -204,3 +204,17 @@ def test_no_checkpoint_is_written_after_the_last_round(tmp_path):
     assert checkpoints.latest_round(store, 4) == 1
     pointer = json.loads(store.get_bytes(checkpoints.latest_key(4)))
     assert pointer["key"] == "checkpoints/job-4/round-001.npz"
+
+
+def test_the_store_url_reaches_the_superlink_and_no_supernode(settings, tmp_path, monkeypatch):
+    """The model store URL (which may hold S3 credentials) is the ServerApp host's, like the
+    callback key: in the SuperLink's environment, stripped from every other process's."""
+    from federation import callbacks, runtime
+
+    settings.FRP_MODEL_STORE_URL = "s3://AK:SK@127.0.0.1:9/models"
+    settings.FRP_CALLBACK_KEY = "k" * 64
+
+    assert callbacks.serverapp_environment()[checkpoints.STORE_ENV] == settings.FRP_MODEL_STORE_URL
+    assert checkpoints.STORE_ENV in callbacks.SECRET_ENV
+    monkeypatch.setenv(checkpoints.STORE_ENV, settings.FRP_MODEL_STORE_URL)
+    assert checkpoints.STORE_ENV not in runtime._env(tmp_path / "home")  # a SuperNode's
