@@ -1351,6 +1351,8 @@ def _resume(grid: Grid, cfg: RunConfig, reporter: Reporter, found: _Discovered, 
     )
     answer = reporter.post(replace(found.started, preparation=prepared.preparation))
     faulty = _refuse_by_limits(found, answer.limits, cfg.spec.min_sites)
+    # impostor nodes and revoked grants are refused; the checkpoint's preprocessing stays
+    faulty.update(_refused_by_portal(found, answer.drop_sites, cfg.spec.min_sites))
     run = _make_run(
         grid,
         cfg,
