@@ -599,16 +599,12 @@ def _record_finished(job: FederatedJob, sites: dict[str, JobSite], event: contra
     written to the model store (``federation.artifacts``) and only its key to the row."""
     _results_final(job, "another finished event")
     _unknown_sites(event.sites, sites, "finished")
-    try:  # the model goes to the model store, never into the row (ADR 0026)
-        job.model_key = artifacts.model_put(
-            job=job,
-            weights=event.model,
-            classes=list(event.classes),
-            preprocessing=event.preprocessing,
-        )
-    except artifacts.ArtifactError as exc:
-        log.error("job %s: the final model could not be stored: %s", job.pk, exc)
-        raise JobError("the portal could not store the final model; try again") from None
+    # The model goes to the model store, never into the row (ADR 0026). A store that fails raises
+    # ArtifactError: nothing is recorded, and the callback view answers 503 so the ServerApp
+    # retries the same event.
+    job.model_key = artifacts.model_put(
+        job=job, weights=event.model, classes=list(event.classes), preprocessing=event.preprocessing
+    )
     job.final_metrics = {
         **job.final_metrics,
         "eval_accuracy": event.eval_accuracy,

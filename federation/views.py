@@ -334,7 +334,7 @@ def job_callback(request, pk: int):
 
     403 for a bad signature, 413 for a body over ``contract.MAX_EVENT_BYTES``, 400 for a body
     that does not fit the contract (or a value the database cannot hold), 409 for an event the job refuses (not running, replayed,
-    replacing final results), 503 while the job's Flower run id is not recorded yet (the
+    replacing final results), 503 while the model store cannot take the final model, or the job's Flower run id is not recorded yet (the
     ServerApp retries). Nothing is written unless the answer is 200.
     """
     job = get_object_or_404(FederatedJob, pk=pk)
@@ -369,6 +369,8 @@ def job_callback(request, pk: int):
         answer = services.job_callback_record(job_id=job.pk, seq=seq, event=event)
     except services.JobError as exc:
         return _refuse(409, str(exc))
+    except artifacts.ArtifactError as exc:  # the model store is away: the ServerApp retries
+        return _refuse(503, f"the portal cannot store the model yet: {exc}")
     except DatabaseError as exc:  # a value the database cannot hold: rolled back, refused
         reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         return _refuse(400, f"the event does not fit the portal's database: {reason}")

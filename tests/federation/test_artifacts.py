@@ -160,6 +160,17 @@ def test_finished_writes_the_model_to_the_store_not_the_row(world, model_store):
     assert artifacts.has_model(job)
 
 
+def test_a_store_that_fails_records_nothing_so_the_serverapp_can_retry(world, settings):
+    settings.FRP_MODEL_STORE_URL = "ftp://nowhere/models"
+    fitted = _fitted()
+
+    with pytest.raises(artifacts.ArtifactError, match="FRP_MODEL_STORE_URL"):
+        _finish(world["job"], fitted, _weights(fitted))
+
+    job = FederatedJob.objects.get(pk=world["job"].pk)
+    assert (job.callback_seq, job.model_key, job.final_metrics) == (0, "", {})
+
+
 def test_the_data_migration_moves_a_rows_model_into_the_store(world, model_store):
     job = world["job"]
     FederatedJob.objects.filter(pk=job.pk).update(
