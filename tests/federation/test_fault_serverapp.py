@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from federation import artifacts, services
+from federation import artifacts, services, superlink
 from federation.models import JobStatus, RoundMetric
 from portal.models import AuditEvent
 from tests.federation import fault_support as fs
@@ -64,6 +64,11 @@ def test_serverapp_killed_mid_job_is_resumed_and_completes_as_an_uninterrupted_j
     world, django_db_blocker
 ):
     with django_db_blocker.unblock():
+        wait_for(  # a loaded machine: both SuperNodes online before the job's discovery starts
+            lambda: sum(n.status == "online" for n in superlink.nodes_list(fs.connection())) >= 2,
+            timeout=300,
+            what="both SuperNodes online",
+        )
         whole = fs.submit(world, title="uninterrupted", num_rounds=ROUNDS)
         whole = fs.wait_terminal(whole.pk, timeout=900, world=world)
         assert whole.status == JobStatus.COMPLETED, whole.status_detail
