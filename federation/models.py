@@ -382,6 +382,24 @@ class FederatedJob(models.Model):
     )
     final_metrics = models.JSONField(default=dict, blank=True)
     failure_reason = models.TextField(blank=True, help_text="Reason reported by the ServerApp.")
+    model_key = models.CharField(
+        max_length=200,
+        blank=True,
+        editable=False,
+        help_text="Object key of the final model in the model store (federation.artifacts); the "
+        "model itself is never in this row.",
+    )
+    resume_round = models.PositiveIntegerField(
+        default=0,
+        editable=False,
+        help_text="The round checkpoint the current run resumed from (0: a fresh run).",
+    )
+    earlier_runs = models.JSONField(
+        default=list,
+        blank=True,
+        editable=False,
+        help_text="Flower run ids this job ran under before it was resumed (oldest first).",
+    )
 
     # Scheduling request and the scheduler's latest word (``federation.admission``).
     policy = models.CharField(

@@ -398,7 +398,10 @@ class RunConfig:
     site's rows held out for evaluation (0 < f < 1). ``reply-log``: a file on the SuperLink's host
     where the ServerApp appends every reply it receives (empty: off). ``launch-nonce``: the
     portal's idempotency key of this launch, recorded on the job before the run is started, so the
-    portal finds a run it already started (not a secret: every site sees it).
+    portal finds a run it already started (not a secret: every site sees it). ``resume-round``:
+    ``0`` for a fresh run; ``k > 0`` resumes the job from its checkpoint after round ``k``
+    (``frp_flwr.checkpoints``; the checkpoint is read from the store named by the ServerApp host's
+    environment, so the key is a round number, not a secret).
     """
 
     job_id: int = 0
@@ -416,6 +419,7 @@ class RunConfig:
     contribution: bool = True
     reply_log: str = ""
     launch_nonce: str = ""
+    resume_round: int = 0
 
     _READERS: ClassVar[dict] = {
         "job_id": lambda v, w: read_int(v, w, lo=0, hi=MAX_COUNT),
@@ -433,6 +437,7 @@ class RunConfig:
         "contribution": read_bool,
         "reply_log": lambda v, w: read_str(v, w, max_len=4096),
         "launch_nonce": lambda v, w: read_str(v, w, max_len=64),
+        "resume_round": lambda v, w: read_int(v, w, lo=0, hi=MAX_ROUNDS),
     }
 
     @classmethod

@@ -53,6 +53,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
+from frp_flwr import checkpoints
 from frp_flwr.coalitions import coalition_key, contribution_plan
 from frp_flwr.contract import (
     CallbackAnswer,
@@ -839,6 +840,8 @@ class _Run:
     site_node: dict[str, int] = field(default_factory=dict)
     train_check: ReplyCheck | None = None
     test_check: ReplyCheck | None = None
+    #: the model store checkpoints go to (``None``: none are saved)
+    store: Any = None
 
     @property
     def task(self) -> str:
@@ -1009,13 +1012,32 @@ def _start(grid: Grid, cfg: RunConfig, reporter: Reporter, found: _Discovered) -
         )
     limits = answer.limits
     fitted = prepared.fitted
-    classes = fitted.classes
     arrays = ArrayRecord(
         model_for(cfg.spec.model).init_params(
             len(fitted.mean), max(1, len(fitted.classes)), seed=cfg.split_seed
         )
     )
     players = sorted(active)  # contribution players: index = position
+    return _make_run(
+        grid, cfg, reporter, found, prepared, arrays, limits, faulty, players, _arrays(arrays)
+    )
+
+
+def _make_run(
+    grid: Grid,
+    cfg: RunConfig,
+    reporter: Reporter,
+    found: _Discovered,
+    prepared: Prepared,
+    arrays: ArrayRecord,
+    limits: dict[str, SiteLimits],
+    faulty: dict[str, str],
+    players: list[str],
+    initial: list[np.ndarray],
+) -> _Run:
+    """The :class:`_Run` of a fresh (:func:`_start`) or resumed (:func:`_resume`) run."""
+    active, fitted = found.active, prepared.fitted
+    classes = fitted.classes
     return _Run(
         grid=grid,
         cfg=cfg,
@@ -1027,7 +1049,7 @@ def _start(grid: Grid, cfg: RunConfig, reporter: Reporter, found: _Discovered) -
         node_site={n: s for s, n in active.items()},
         players=players,
         player_of={s: i for i, s in enumerate(players)},
-        initial=_arrays(arrays),
+        initial=initial,
         strategy=build_strategy(cfg.spec.strategy),
         limits=limits,
         faulty=faulty,
@@ -1233,17 +1255,28 @@ def _report_contribution(run: _Run) -> None:
     run.reporter.post(event)
 
 
-def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
+def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter, *, store=None) -> None:
     """Discovery, preparation, FedAvg rounds and reporting for one job (module docstring).
+
+    ``store``: the model store of this host (``checkpoints.store_from_environ``; ``None``: no
+    checkpoints): after every round but the last the run's state is saved there
+    (:func:`_checkpoint`); with ``cfg.resume_round = k`` the run starts from round ``k``'s
+    checkpoint instead of preparing the data again (:func:`_resume`) and trains rounds k+1 ….
 
     Steps: :func:`_discover_sites`, :func:`_start` (the federated preprocessing, posted with
     ``started``; classes; initial model), ``num_rounds`` × :func:`_round` (train, evaluate,
     ``round``, drop sites), :func:`_finish` (``finished``) and, unless ``cfg.contribution`` is
     off, :func:`_report_contribution`. Raises ``JobFailed`` with the reason the run cannot go on.
     """
-    run = _start(grid, cfg, reporter, _discover_sites(grid, cfg, reporter))
-    for rnd in range(1, cfg.num_rounds + 1):
+    found = _discover_sites(grid, cfg, reporter)
+    if cfg.resume_round:
+        run = _resume(grid, cfg, reporter, found, store)
+    else:
+        run = _start(grid, cfg, reporter, found)
+    run.store = store
+    for rnd in range(cfg.resume_round + 1, cfg.num_rounds + 1):
         _round(run, rnd)
+        _checkpoint(run, rnd)
     _finish(run)
     if cfg.contribution:
         _report_contribution(run)
@@ -1261,6 +1294,93 @@ def reporter_for(cfg: RunConfig, *, run_id: int, environ=None) -> Reporter:
     return Reporter(cfg.callback_url, job_key(master, job_id=cfg.job_id, run_id=run_id))
 
 
+# ---------------------------------------------------------------------------------------------
+# Round checkpoints and resuming (issue 14, point 5; frp_flwr.checkpoints)
+# ---------------------------------------------------------------------------------------------
+
+
+def _model_store():
+    """This host's model store (``FRP_MODEL_STORE_URL``), or ``None``: a misconfigured store is
+    logged, and the run goes on without checkpoints."""
+    try:
+        return checkpoints.store_from_environ()
+    except checkpoints.CheckpointError as exc:
+        log.warning("no round checkpoints: %s", exc)
+        return None
+
+
+def _checkpoint(run: _Run, rnd: int) -> None:
+    """Save the run's state after round ``rnd`` (not after the last: the final model is the
+    ``finished`` event's) to ``run.store``: the global model, the strategy's state, the round
+    history the contribution needs and the fitted preprocessing. A store that fails is logged;
+    training goes on (the run then resumes from an earlier round)."""
+    if run.store is None or rnd >= run.cfg.num_rounds:
+        return
+    checkpoint = checkpoints.Checkpoint(
+        job_id=run.cfg.job_id,
+        round=rnd,
+        weights=list(run.arrays.to_numpy_ndarrays()),
+        initial=run.initial,
+        history=run.history,
+        players=run.players,
+        active=sorted(run.active),
+        fitted=run.prepared.fitted.to_text(),
+        preparation=run.prepared.preparation.to_json(),
+        train_labels=run.prepared.train_labels,
+        strategy=type(run.strategy).__name__,
+        state=checkpoints.strategy_state(run.strategy),
+    )
+    try:
+        checkpoints.save(run.store, checkpoint)
+    except checkpoints.CheckpointError as exc:
+        log.warning("round %d: %s", rnd, exc)
+
+
+def _resume(grid: Grid, cfg: RunConfig, reporter: Reporter, found: _Discovered, store) -> _Run:
+    """Step 2 of a resumed run: the run of round ``cfg.resume_round``'s checkpoint (its
+    preprocessing, model, strategy state and history) at the sites found now that were still
+    training then; ``started`` is posted with the checkpoint's preparation. Raises ``JobFailed``
+    when this host has no model store, the checkpoint cannot be read or too few sites are left."""
+    if store is None:
+        reporter.post(found.started)
+        raise JobFailed(
+            f"resume-round is {cfg.resume_round}, but this ServerApp host has no model store "
+            f"({checkpoints.STORE_ENV})"
+        )
+    try:
+        saved = checkpoints.load(store, cfg.job_id, cfg.resume_round)
+    except checkpoints.CheckpointError as exc:
+        reporter.post(found.started)
+        raise JobFailed(f"cannot resume: {exc}") from None
+    for site in [s for s in found.active if s not in saved.active]:
+        found.active.pop(site)  # dropped before the checkpoint: it stays out
+    prepared = Prepared(
+        Fitted.from_text(saved.fitted),
+        Preparation.from_json(saved.preparation),
+        saved.train_labels,
+    )
+    answer = reporter.post(replace(found.started, preparation=prepared.preparation))
+    faulty = _refuse_by_limits(found, answer.limits, cfg.spec.min_sites)
+    # impostor nodes and revoked grants are refused; the checkpoint's preprocessing stays
+    faulty.update(_refused_by_portal(found, answer.drop_sites, cfg.spec.min_sites))
+    run = _make_run(
+        grid,
+        cfg,
+        reporter,
+        found,
+        prepared,
+        ArrayRecord(saved.weights),
+        answer.limits,
+        faulty,
+        saved.players,
+        saved.initial,
+    )
+    run.history = list(saved.history)
+    checkpoints.strategy_restore(run.strategy, saved.state)
+    log.info("job %s resumed after round %d", cfg.job_id, cfg.resume_round)
+    return run
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Entry point of the ServerApp; a failure is reported to the portal, then re-raised."""
@@ -1268,7 +1388,7 @@ def main(grid: Grid, context: Context) -> None:
     reporter = reporter_for(cfg, run_id=context.run_id)
     REPLY_LOG.path = cfg.reply_log
     try:
-        run_job(grid, cfg, reporter)
+        run_job(grid, cfg, reporter, store=_model_store())
     except Exception as exc:
         reporter.post(Failed(reason=sanitise(f"{exc}", limit=1000)))
         raise
