@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('federation', '0008_sitenode'),
+        ('federation', '0009_final_model_in_store_and_resume'),
     ]
 
     operations = [
