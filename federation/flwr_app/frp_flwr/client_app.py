@@ -56,6 +56,7 @@ from frp_flwr.preprocess import (
     site_summary,
     transform,
 )
+from frp_flwr.privacy import clip_mod
 from frp_flwr.task import (
     SiteDataError,
     load_site_frame,
@@ -198,7 +199,7 @@ def query_design(msg: Message, context: Context) -> Message:
     return _reply(msg, design=ConfigRecord(json_record(stats)))
 
 
-@app.train()
+@app.train(mods=[clip_mod])  # Flower's fixedclipping_mod for client-side DP jobs
 @_guard
 def train(msg: Message, context: Context) -> Message:
     """Local SGD from the global weights; reply with weights and metered usage."""

@@ -50,8 +50,9 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Strategy
 
+from frp_flwr import privacy
 from frp_flwr.coalitions import coalition_key, contribution_plan
 from frp_flwr.contract import (
     CallbackAnswer,
@@ -823,7 +824,7 @@ class _Run:
     players: list[str]
     player_of: dict[str, int]
     initial: list[np.ndarray]
-    strategy: FedAvg = field(
+    strategy: Strategy = field(
         default_factory=lambda: FedAvg(
             min_train_nodes=1, min_evaluate_nodes=1, min_available_nodes=1
         )
@@ -966,7 +967,7 @@ def _start(grid: Grid, cfg: RunConfig, reporter: Reporter, found: _Discovered) -
     classes = fitted.classes
     arrays = ArrayRecord(init_params(len(fitted.mean), max(1, len(fitted.classes))))
     players = sorted(active)  # contribution players: index = position
-    return _Run(
+    run = _Run(
         grid=grid,
         cfg=cfg,
         reporter=reporter,
@@ -988,6 +989,9 @@ def _start(grid: Grid, cfg: RunConfig, reporter: Reporter, found: _Discovered) -
             "test", limits, test_fraction=cfg.test_fraction, classes=len(classes)
         ),
     )
+    run.strategy = privacy.wrap(run.strategy, cfg.spec.privacy)  # dp off: unchanged
+    privacy.round_config(run.strategy, run.config)
+    return run
 
 
 def _train_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> dict:
@@ -1021,7 +1025,8 @@ def _train_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> dict:
             examples={player[n]: m.num_examples for n, (_, m) in train.items()},
         )
     )
-    arrays, train_agg = run.strategy.aggregate_train(rnd, [r for r, _ in train.values()])
+    replies = privacy.before_aggregate(run.strategy, [r for r, _ in train.values()], run.arrays)
+    arrays, train_agg = run.strategy.aggregate_train(rnd, replies)
     if not all(np.isfinite(a).all() for a in _arrays(arrays)):
         run.post_partial(rnd, sites_out)
         raise NonFinite(f"round {rnd}: the aggregated model is not finite (NaN or infinity)")
