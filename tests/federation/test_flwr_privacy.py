@@ -7,6 +7,7 @@ over the in-memory Grid of ``test_flwr_trust`` (the real ClientApp handlers, the
 through the ClientApp's registered train function, so its mods run).
 """
 
+# ruff: noqa: F811 — the fixtures shared with test_flwr_trust are imported by name
 from __future__ import annotations
 
 import sys
@@ -170,7 +171,7 @@ def _train_message(arrays, config):
     )
 
 
-def test_clip_mod_clips_with_the_key_and_passes_through_without_it(task_identity):  # noqa: F811
+def test_clip_mod_clips_with_the_key_and_passes_through_without_it(task_identity):
     start = [np.zeros(4)]
     big = [np.array([3.0, 4.0, 0.0, 0.0])]  # update of norm 5
 
@@ -266,7 +267,7 @@ def test_server_side_run_completes_with_the_wrapper_in_the_loop(monkeypatch):
     assert portal.of("finished")
 
 
-def test_a_zero_update_is_aggregated_not_a_division_by_zero(task_identity):  # noqa: F811
+def test_a_zero_update_is_aggregated_not_a_division_by_zero(task_identity):
     """Flower's clipping divides by the update's norm; a site that returns the model unchanged
     must not fail the round (server side) or the site's reply (client side)."""
     start = [np.ones(3)]
