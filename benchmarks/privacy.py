@@ -130,7 +130,7 @@ def federation(dataset: str, root: Path):
             superlink_env={KEY_ENV: master_text},
         )
         flwr_home = root / "flwr-control"
-        runtime.write_control_config(flwr_home, "local", state.superlink_address)
+        runtime.write_state_control_config(flwr_home, "local", state)  # its CA when TLS is on
         conn = superlink.Connection(
             flwr_home=flwr_home, federation="local", app_dir=ROOT / "federation" / "flwr_app"
         )
