@@ -2,7 +2,7 @@
 
 Run from the repository root (a few minutes on a 2-CPU machine)::
 
-    .venv/bin/python benchmarks/privacy.py [--epsilons 1,3,8] [--rounds 5] [--clip 0.5]
+    .venv/bin/python benchmarks/privacy.py [--epsilons 1,3,8] [--rounds 3] [--clip 0.5]
 
 One bundled scikit-learn dataset (breast cancer by default, IID over three sites, prepared and
 ingested as in ``benchmarks/quality.py``), ONE real local federation (a SuperLink and three
@@ -157,6 +157,7 @@ def run_job(
         learning_rate=args.learning_rate,
         test_fraction=quality.TEST_FRACTION,
         split_seed=quality.SPLIT_SEED,
+        round_timeout=args.round_timeout,
         contribution=False,
     )
     deadline = time.monotonic() + 120
@@ -235,12 +236,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="breast_cancer")
     parser.add_argument("--epsilons", default="1,3,8")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--local-epochs", type=int, default=5)
     parser.add_argument("--learning-rate", type=float, default=0.05)
     parser.add_argument("--clip", type=float, default=0.5, help="clipping norm C")
     parser.add_argument("--delta", type=float, default=1e-5)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--round-timeout", type=float, default=600.0, help="seconds a site may take per message"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="frp-privacy-"))
