@@ -360,6 +360,16 @@ class FederatedJob(models.Model):
     num_rounds = models.PositiveIntegerField(default=5)
     local_epochs = models.PositiveIntegerField(default=5)
     learning_rate = models.FloatField(default=0.1)
+    privacy = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Differential privacy settings (frp_flwr.contract.Privacy); empty: off.",
+    )
+    epsilon = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="ε the job spends at the privacy settings' δ (accountant, at submission).",
+    )
 
     flower_run_id = models.CharField(max_length=32, blank=True, help_text="uint64, as text.")
     launch_nonce = models.CharField(

@@ -194,6 +194,7 @@ def job_submit(
     schedule: dict | None = None,
     model: dict | None = None,
     strategy: dict | None = None,
+    privacy: dict | None = None,
 ) -> FederatedJob:
     """Validate and queue a job; its launch is queued after the transaction commits.
 
@@ -212,6 +213,11 @@ def job_submit(
     validated by the contract (``frp_flwr.models`` / ``frp_flwr.strategies``) and stored complete;
     ``None`` means linear + FedAvg. Krum's ``num_malicious_nodes`` must leave more than
     ``2f + 2`` sites. A bad value raises ``JobError`` on ``model_kind`` or ``strategy_name``.
+
+    ``privacy`` (optional): the ``frp_flwr.contract.Privacy`` dict (``dp`` off when absent). With
+    dp on, the job's ε is computed (``federation.privacy_budget``) and stored on the job and in a
+    ledger leaf; a job whose ε would exceed any chosen dataset's budget for the project is
+    refused with the figures (spent, this job, budget).
     """
     schedule = dict(schedule or {})
     if not can(by, "job.submit", project):
@@ -247,9 +253,12 @@ def job_submit(
     cap = schedule.get("budget_cap")
     if cap is not None and cap <= 0:
         raise JobError("budget cap", {"budget_cap": ["A budget cap must be above zero."]})
+    privacy_settings, epsilon = _privacy_check(project, versions, privacy, num_rounds)
     job = FederatedJob.objects.create(
         project=project,
         submitted_by=by,
+        privacy=privacy_settings,
+        epsilon=epsilon,
         title=title,
         target_column=target_column,
         feature_columns=features,
@@ -287,9 +296,49 @@ def job_submit(
         institution=project.institution,
         sites=[s.slug for s in sites],
     )
+    if epsilon is not None:
+        _ledger(
+            "privacy",
+            job=job.pk,
+            project=project.pk,
+            datasets=sorted(v.dataset_id for v in versions),
+            epsilon=repr(epsilon),
+            delta=repr(float(privacy_settings["delta"])),
+            noise_multiplier=repr(float(privacy_settings["noise_multiplier"])),
+            rounds=num_rounds,
+            sampling_rate="1.0",
+        )
     # robust: a broker hiccup is logged, not raised; the periodic reconcile launches queued jobs too.
     transaction.on_commit(signature(JOB_LAUNCH_TASK, args=(job.pk,)).delay, robust=True)
     return job
+
+
+def _privacy_check(project, versions, privacy: dict | None, num_rounds: int):
+    """``(settings, ε)`` of a job's privacy (``({}, None)`` with dp off). Raises ``JobError``
+    for settings the contract refuses, and for a job over a steward's ε budget, with the figures.
+    The budget rows are locked so two submissions cannot both spend the last of a budget."""
+    from federation import privacy_budget
+    from federation.privacy import PrivacyError
+    from sandbox.models import PrivacyBudget
+
+    if not privacy or privacy.get("dp", "off") == "off":
+        return {}, None
+    try:
+        settings_ = contract.Privacy.from_json(dict(privacy)).to_json()
+        epsilon = privacy_budget.job_epsilon(settings_, num_rounds=num_rounds, sites=len(versions))
+    except (contract.ContractError, PrivacyError) as exc:
+        raise JobError(str(exc), {"dp": [str(exc)]}) from None
+    list(
+        PrivacyBudget.objects.select_for_update().filter(
+            project=project, dataset_id__in=[v.dataset_id for v in versions]
+        )
+    )
+    problems = privacy_budget.refusal(
+        privacy_budget.budget_figures(project=project, versions=versions, epsilon=epsilon)
+    )
+    if problems:
+        raise JobError("over the privacy budget", {"dp": problems})
+    return settings_, epsilon
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,6 +366,7 @@ def job_run_config(job: FederatedJob) -> contract.RunConfig:
         plans=[contract.FeaturePlan(**p) for p in job.preprocessing],
         model=dict(job.model_spec or {"kind": "linear"}),
         strategy=dict(job.strategy_spec or {"name": "fedavg"}),
+        privacy=contract.Privacy.from_json(job.privacy) if job.privacy else contract.Privacy(),
     )
     callback = settings.FRP_CALLBACK_BASE_URL.rstrip("/") + reverse(
         "federation:job_callback", args=[job.pk]

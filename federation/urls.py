@@ -10,6 +10,7 @@ urlpatterns = [
     path("new/", views.job_create, name="job_create"),
     path("new/estimate/", views.job_estimate, name="job_estimate"),
     path("new/columns/", views.job_columns, name="job_columns"),
+    path("new/privacy/", views.job_privacy, name="job_privacy"),
     path("<int:pk>/", views.job_detail, name="job_detail"),
     path("<int:pk>/progress/", views.job_progress, name="job_progress"),
     path("<int:pk>/progress.json", views.job_progress_json, name="job_progress_json"),

@@ -18,6 +18,7 @@ from federation import artifacts, callbacks, selectors, services
 from federation.forms import JobScheduleForm, JobSubmitForm
 from federation.models import FederatedJob, ModelRelease, ReleaseStatus
 from federation.pool_selectors import REASONS
+from federation.privacy_forms import JobPrivacyForm
 from frp_flwr import contract
 from frp_flwr.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, SignatureError, verify
 from portal import panels
@@ -50,11 +51,15 @@ def job_create(request):
     """
     form = JobSubmitForm(request.POST or None, user=request.user)
     sched = JobScheduleForm(request.POST or None)
-    if request.method == "POST" and ("refresh" in request.POST or form.table_stale):
-        return render(
-            request, "federation/job_form.html", {"form": _quiet(form), "sched": _quiet(sched)}
-        )
-    if request.method == "POST" and form.is_valid() and sched.is_valid():
+    pform = JobPrivacyForm(request.POST or None)
+    refresh = "refresh" in request.POST or "privacy_preview" in request.POST
+    if request.method == "POST" and (refresh or form.table_stale):
+        context = {"form": _quiet(form), "sched": _quiet(sched), "pform": _quiet(pform)}
+        if "privacy_preview" in request.POST:  # the no-JavaScript path of the ε preview
+            context["preview"] = _privacy_preview(request)
+        return render(request, "federation/job_form.html", context)
+    valid = [f.is_valid() for f in (form, sched, pform)]
+    if request.method == "POST" and all(valid):
         data = form.cleaned_data
         try:
             job = services.job_submit(
@@ -71,18 +76,67 @@ def job_create(request):
                 schedule=sched.cleaned_data,
                 model=data["model"],
                 strategy=data["strategy"],
+                privacy=pform.privacy(),
             )
         except services.JobError as exc:
             for field, errors in exc.field_errors.items():
                 for error in errors:
-                    target = form if field in form.fields or field not in sched.fields else sched
+                    target = next((f for f in (form, sched, pform) if field in f.fields), form)
                     target.add_error(field if field in target.fields else None, error)
             if not exc.field_errors:
                 form.add_error(None, str(exc))
         else:
             messages.success(request, f"Job #{job.pk} queued.")
             return redirect("federation:job_detail", pk=job.pk)
-    return render(request, "federation/job_form.html", {"form": form, "sched": sched})
+    return render(
+        request, "federation/job_form.html", {"form": form, "sched": sched, "pform": pform}
+    )
+
+
+def _privacy_preview(request) -> dict:
+    """The ε the job form's privacy settings give, and the chosen datasets' budget lines
+    (``federation.privacy_budget``); ``error`` when the settings cannot be accounted."""
+    from federation import privacy_budget
+    from federation.privacy import PrivacyError
+
+    form = JobSubmitForm(request.POST, user=request.user)
+    pform = JobPrivacyForm(request.POST)
+    form.is_valid()
+    if not pform.is_valid():
+        return {"error": "Correct the privacy settings to see their ε."}
+    privacy = pform.privacy()
+    if privacy["dp"] == "off":
+        return {"off": True}
+    data = form.cleaned_data
+    versions = list(data.get("datasets") or [])
+    rounds = data.get("num_rounds") or form.fields["num_rounds"].initial
+    sites = len(versions) or services.MIN_SITES
+    try:
+        epsilon = privacy_budget.job_epsilon(privacy, num_rounds=rounds, sites=sites)
+    except PrivacyError as exc:
+        return {"error": str(exc)}
+    figures = []
+    if data.get("project") is not None and versions:
+        figures = privacy_budget.budget_figures(
+            project=data["project"], versions=versions, epsilon=epsilon
+        )
+    return {
+        "epsilon": epsilon,
+        "delta": privacy["delta"],
+        "rounds": rounds,
+        "sites": sites,
+        "sites_chosen": bool(versions),
+        "figures": figures,
+    }
+
+
+@login_required
+@require_POST
+def job_privacy(request):
+    """HTMX partial: the ε the job form's privacy settings give, before submission."""
+    return render(
+        request, "federation/partials/job_privacy.html", {"preview": _privacy_preview(request)}
+    )
 
 
 @login_required

@@ -201,3 +201,16 @@ class DatasetUploadForm(forms.Form):
             missing_markers(markers, defaults=bool(cleaned.get("empty_is_missing")))
         )
         return cleaned
+
+
+class PrivacyBudgetForm(forms.Form):
+    """A data steward's ε budget for one grant's project and dataset (empty: no budget)."""
+
+    epsilon = forms.FloatField(
+        required=False,
+        min_value=0.01,
+        max_value=1000,
+        label="ε budget",
+        help_text="The total ε this project may spend on this dataset over all its differentially "
+        "private jobs; a job that would exceed it is refused at submission. Empty: no budget.",
+    )

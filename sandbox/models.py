@@ -131,3 +131,32 @@ class AccessRequest(models.Model):
 
     def __str__(self) -> str:
         return f"{self.project} → {self.dataset} ({self.status})"
+
+
+class PrivacyBudget(models.Model):
+    """The ε a project may spend on a dataset over all its differentially private jobs, set by the
+    dataset's data steward (ADR 0025). The spending is federation's (jobs); this row is only
+    the limit. One per (project, dataset)."""
+
+    dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="privacy_budgets")
+    project = models.ForeignKey(
+        "portal.Project", on_delete=models.CASCADE, related_name="privacy_budgets"
+    )
+    epsilon = models.FloatField(help_text="ε the project may spend on this dataset, in total.")
+    set_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["project", "dataset"], name="one_privacy_budget_per_project_dataset"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(epsilon__gt=0), name="privacy_budget_epsilon_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"ε ≤ {self.epsilon:g}: {self.project} on {self.dataset}"

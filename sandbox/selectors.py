@@ -133,3 +133,28 @@ def schema_change(*, version: DatasetVersion) -> str:
     if retyped := [f"{n} {old[n]}→{new[n]}" for n in old if n in new and old[n] != new[n]]:
         parts.append("retyped " + ", ".join(retyped))
     return "; ".join(parts)
+
+
+def privacy_budgets(*, project, dataset_ids) -> dict[int, float]:
+    """dataset id → the ε budget the project has on it (datasets without one are absent)."""
+    from sandbox.models import PrivacyBudget
+
+    return dict(
+        PrivacyBudget.objects.filter(project=project, dataset_id__in=list(dataset_ids)).values_list(
+            "dataset_id", "epsilon"
+        )
+    )
+
+
+def budgets_for_requests(requests) -> dict[int, float]:
+    """access request id → the ε budget of its (project, dataset), for a page of requests."""
+    from sandbox.models import PrivacyBudget
+
+    requests = list(requests)
+    pairs = {(r.project_id, r.dataset_id): r.pk for r in requests}
+    if not pairs:
+        return {}
+    rows = PrivacyBudget.objects.filter(
+        project_id__in={p for p, _ in pairs}, dataset_id__in={d for _, d in pairs}
+    ).values_list("project_id", "dataset_id", "epsilon")
+    return {pairs[(p, d)]: eps for p, d, eps in rows if (p, d) in pairs}

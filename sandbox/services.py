@@ -583,3 +583,52 @@ def access_grant_revoke(*, by, request_id: int, reason: str) -> AccessRequest:
     if not reason.strip():
         raise AccessError("Give the researchers a reason for revoking the grant.")
     return _access_close(request, by=by, status=AccessStatus.REVOKED, reason=reason.strip())
+
+
+#: The largest ε budget a steward may set (beyond it a budget protects nothing).
+MAX_EPSILON_BUDGET = 1000.0
+
+
+@transaction.atomic
+def privacy_budget_set(*, by, request_id: int, epsilon: float | None):
+    """Set (or, with ``epsilon=None``, remove) the ε budget of the project and dataset of the
+    approved grant ``request_id``; returns the ``PrivacyBudget`` (``None`` when removed).
+
+    ``epsilon``: total ε the project may spend on the dataset over all its DP jobs, in
+    (0, ``MAX_EPSILON_BUDGET``]. Raises ``AccessError`` when ``by`` is not the dataset's data
+    steward, the grant is not approved, or ``epsilon`` is out of range. Audited as
+    ``privacy_budget.set``; a ledger leaf records the figure.
+    """
+    from sandbox.models import PrivacyBudget
+
+    request = AccessRequest.objects.select_related("dataset__site", "project").get(pk=request_id)
+    _check_steward(by, request)
+    if request.status != AccessStatus.APPROVED:
+        raise AccessError(f"request is {request.status}, not approved")
+    if epsilon is not None and not 0 < epsilon <= MAX_EPSILON_BUDGET:
+        raise AccessError(f"An ε budget must be above 0 and at most {MAX_EPSILON_BUDGET:g}.")
+    if epsilon is None:
+        PrivacyBudget.objects.filter(project=request.project, dataset=request.dataset).delete()
+        budget = None
+    else:
+        budget, _ = PrivacyBudget.objects.update_or_create(
+            project=request.project,
+            dataset=request.dataset,
+            defaults={"epsilon": float(epsilon), "set_by": by},
+        )
+    audit_record(
+        by=by,
+        action="privacy_budget.set",
+        target=request,
+        institution=request.dataset.site.institution,
+        epsilon=epsilon,
+    )
+    ledger_append(
+        kind="privacy_budget",
+        record={
+            "project": request.project_id,
+            "dataset": request.dataset_id,
+            "epsilon": None if epsilon is None else repr(float(epsilon)),
+        },
+    )
+    return budget

@@ -12,6 +12,11 @@ urlpatterns = [
     path("access-requests/", views.steward_queue, name="steward_queue"),
     path("access-requests/<int:pk>/decide/", views.request_decide, name="request_decide"),
     path("access-requests/<int:pk>/revoke/", views.grant_revoke, name="grant_revoke"),
+    path(
+        "access-requests/<int:pk>/privacy-budget/",
+        views.privacy_budget_set,
+        name="privacy_budget_set",
+    ),
     # The sites' own API (frp-site ingest / key rotate), authenticated by the site credential.
     path(
         "api/site/v1/datasets/<str:slug>/next-version",

@@ -18,7 +18,7 @@ from django.views.decorators.http import require_POST
 from portal.models import Role
 from portal.permissions import can
 from sandbox import selectors, services
-from sandbox.forms import AccessRequestForm, DatasetUploadForm, DecisionForm
+from sandbox.forms import AccessRequestForm, DatasetUploadForm, DecisionForm, PrivacyBudgetForm
 from sandbox.models import AccessRequest, AccessStatus, Dataset
 
 
@@ -203,6 +203,10 @@ def steward_queue(request):
     page = Paginator(selectors.steward_requests(user=request.user, status=status), 25).get_page(
         request.GET.get("page")
     )
+    page.object_list = list(page.object_list)  # one query; the rows carry their budgets
+    budgets = selectors.budgets_for_requests(page.object_list)
+    for access in page.object_list:
+        access.epsilon_budget = budgets.get(access.pk)
     return render(
         request,
         "sandbox/steward_queue.html",
@@ -259,4 +263,26 @@ def grant_revoke(request, pk: int):
         messages.error(request, str(exc))
     else:
         messages.success(request, "Grant revoked; running jobs drop this site at their next round.")
+    return redirect(f"{reverse('sandbox:steward_queue')}?status={AccessStatus.APPROVED}")
+
+
+@login_required
+@require_POST
+def privacy_budget_set(request, pk: int):
+    """Set the ε budget of an approved grant's project and dataset (the steward's queue)."""
+    access = _steward_request_or_404(request, pk)
+    form = PrivacyBudgetForm(request.POST)
+    if not form.is_valid():
+        for errors in form.errors.values():
+            for error in errors:
+                messages.error(request, f"ε budget: {error}")
+    else:
+        try:
+            services.privacy_budget_set(
+                by=request.user, request_id=access.pk, epsilon=form.cleaned_data["epsilon"]
+            )
+        except services.AccessError as exc:
+            messages.error(request, str(exc))
+        else:
+            messages.success(request, "ε budget saved.")
     return redirect(f"{reverse('sandbox:steward_queue')}?status={AccessStatus.APPROVED}")

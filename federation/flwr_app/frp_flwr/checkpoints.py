@@ -103,14 +103,24 @@ def _generic_restore(strategy, state: dict[str, np.ndarray]) -> None:
             setattr(strategy, attr, ArrayRecord(layers) if is_record else layers)
 
 
+def _inner(strategy):
+    """The strategy a wrapper (Flower's DP wrappers keep it as ``.strategy``) aggregates with."""
+    while hasattr(strategy, "strategy"):
+        strategy = strategy.strategy
+    return strategy
+
+
 def strategy_state(strategy) -> dict[str, np.ndarray]:
-    """The arrays ``strategy`` carries between rounds (``{}`` for FedAvg)."""
+    """The arrays ``strategy`` (or the strategy a DP wrapper wraps) carries between rounds
+    (``{}`` for FedAvg)."""
+    strategy = _inner(strategy)
     save, _ = _STATE.get(type(strategy).__name__, (_generic_save, _generic_restore))
     return save(strategy)
 
 
 def strategy_restore(strategy, state: dict[str, np.ndarray]) -> None:
     """Put ``state`` (from :func:`strategy_state`) back into a fresh ``strategy``."""
+    strategy = _inner(strategy)
     _, restore = _STATE.get(type(strategy).__name__, (_generic_save, _generic_restore))
     restore(strategy, state)
 

@@ -58,6 +58,7 @@ from frp_flwr.preprocess import (
     site_summary,
     transform,
 )
+from frp_flwr.privacy import clip_mod
 from frp_flwr.strategies import client_settings
 from frp_flwr.task import (
     SiteDataError,
@@ -197,7 +198,7 @@ def query_design(msg: Message, context: Context) -> Message:
     return _reply(msg, design=ConfigRecord(json_record(stats)))
 
 
-@app.train()
+@app.train(mods=[clip_mod])  # Flower's fixedclipping_mod for client-side DP jobs
 @_guard
 def train(msg: Message, context: Context) -> Message:
     """Local SGD of the job's model (``frp_flwr.models``) from the global weights, with the

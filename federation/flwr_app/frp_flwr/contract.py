@@ -307,6 +307,55 @@ def _choice(value: Any, where: str, choices) -> str:
     return text
 
 
+#: Differential privacy modes (``Privacy.dp``): none, Flower's server-side fixed clipping, or
+#: client-side fixed clipping (the sites clip with ``fixedclipping_mod``; the server adds noise).
+DP_MODES = ("off", "server", "client")
+
+
+@dataclass(frozen=True)
+class Privacy(_Record):
+    """A job's privacy protections (``job-spec.privacy``); absent in older specs: dp ``off``.
+
+    ``dp``: one of ``DP_MODES``. With dp on, every round's aggregate gets Gaussian noise of
+    standard deviation ``noise_multiplier * clipping_norm / n`` (n: sites aggregated) after each
+    site's model update (the change from the round's global weights, L2 norm over all arrays)
+    is clipped to ``clipping_norm`` (Flower's fixed-clipping wrappers; McMahan et al. 2018,
+    arXiv:1710.06963). ``delta``: the δ at which the portal states ε (0 < δ < 1).
+    Raises ``ContractError`` for values out of range, or dp on without a positive noise
+    multiplier and clipping norm.
+    """
+
+    dp: str = "off"
+    noise_multiplier: float = 0.0
+    clipping_norm: float = 0.0
+    delta: float = 1e-5
+
+    @classmethod
+    def from_json(cls, raw: Any, where: str = "privacy") -> Privacy:
+        value = cls(
+            **_read_fields(
+                cls,
+                raw,
+                where,
+                {
+                    "dp": lambda v, w: _choice(v, w, DP_MODES),
+                    "noise_multiplier": lambda v, w: read_float(v, w, lo=0.0, hi=1e6),
+                    "clipping_norm": lambda v, w: read_float(v, w, lo=0.0, hi=1e6),
+                    "delta": lambda v, w: read_float(v, w, lo=1e-300, hi=1 - 1e-12),
+                },
+            )
+        )
+        if value.dp != "off" and value.noise_multiplier <= 0:
+            raise ContractError(f"{where}.noise_multiplier: must be above 0 with dp {value.dp!r}")
+        if value.dp != "off" and value.clipping_norm <= 0:
+            raise ContractError(f"{where}.clipping_norm: must be above 0 with dp {value.dp!r}")
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        return self.dp != "off"
+
+
 @dataclass(frozen=True)
 class JobSpec(_Record):
     """The parts of a job the Flower App needs; the ``job-spec`` run-config value, as JSON text.
@@ -319,7 +368,7 @@ class JobSpec(_Record):
     many rows at a site are merged into "other" there. ``model``: ``{"kind": "linear"|"mlp",
     …hyper-parameters}`` (``frp_flwr.models.read_model_spec``); ``strategy``: ``{"name":
     "fedavg"|"fedprox"|…, …params}`` (``frp_flwr.strategies.read_strategy_spec``); a spec
-    without them means linear + FedAvg.
+    without them means linear + FedAvg. ``privacy``: :class:`Privacy` (dp off when absent).
     """
 
     sites: dict[str, SitePointer]
@@ -331,6 +380,7 @@ class JobSpec(_Record):
     small_count: int = SMALL_COUNT
     model: dict = field(default_factory=lambda: {"kind": "linear"})
     strategy: dict = field(default_factory=lambda: {"name": "fedavg"})
+    privacy: Privacy = field(default_factory=Privacy)
 
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
@@ -360,6 +410,7 @@ class JobSpec(_Record):
                     "small_count": lambda v, w: read_int(v, w, lo=0, hi=1_000_000),
                     "model": read_model_choice,
                     "strategy": read_strategy_choice,
+                    "privacy": Privacy.from_json,
                 },
             )
         )

@@ -53,7 +53,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from frp_flwr import checkpoints
+from frp_flwr import checkpoints, privacy
 from frp_flwr.coalitions import coalition_key, contribution_plan
 from frp_flwr.contract import (
     CallbackAnswer,
@@ -1038,7 +1038,7 @@ def _make_run(
     """The :class:`_Run` of a fresh (:func:`_start`) or resumed (:func:`_resume`) run."""
     active, fitted = found.active, prepared.fitted
     classes = fitted.classes
-    return _Run(
+    run = _Run(
         grid=grid,
         cfg=cfg,
         reporter=reporter,
@@ -1061,6 +1061,9 @@ def _make_run(
             "test", limits, test_fraction=cfg.test_fraction, classes=len(classes)
         ),
     )
+    run.strategy = privacy.wrap(run.strategy, cfg.spec.privacy)  # dp off: unchanged
+    privacy.round_config(run.strategy, run.config)
+    return run
 
 
 def _train_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> dict:
@@ -1094,9 +1097,8 @@ def _train_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> dict:
             examples={player[n]: m.num_examples for n, (_, m) in train.items()},
         )
     )
-    arrays, train_agg = aggregate_train(
-        run.strategy, rnd, run.arrays, [r for r, _ in train.values()]
-    )
+    replies = privacy.before_aggregate(run.strategy, [r for r, _ in train.values()], run.arrays)
+    arrays, train_agg = aggregate_train(run.strategy, rnd, run.arrays, replies)
     if not all(np.isfinite(a).all() for a in _arrays(arrays)):
         run.post_partial(rnd, sites_out)
         raise NonFinite(f"round {rnd}: the aggregated model is not finite (NaN or infinity)")

@@ -217,8 +217,11 @@ def aggregate_train(strategy, server_round: int, current, replies):
     """``strategy.aggregate_train(server_round, replies)`` after setting what Flower's
     ``configure_train`` would (FedOpt's ``current_arrays`` := ``current``, the round's global
     ``ArrayRecord``). Returns Flower's ``(ArrayRecord | None, MetricRecord | None)``."""
-    if hasattr(strategy, "current_arrays"):
-        strategy.current_arrays = {k: a.numpy() for k, a in current.items()}
+    inner = strategy
+    while hasattr(inner, "strategy"):  # Flower's DP wrappers keep the strategy they wrap
+        inner = inner.strategy
+    if hasattr(inner, "current_arrays"):
+        inner.current_arrays = {k: a.numpy() for k, a in current.items()}
     return strategy.aggregate_train(server_round, list(replies))
 
 
