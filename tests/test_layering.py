@@ -83,7 +83,7 @@ def test_each_app_imports_only_the_floors_below_it():
     assert wrong == []
 
 
-def test_the_flower_app_imports_no_django_and_only_site_side_sandbox_modules():
+def test_the_flower_app_imports_no_django_and_of_the_apps_only_sandbox():
     wrong = []
     for name, imported in _raw_imports().items():
         if not name.startswith("frp_flwr"):
