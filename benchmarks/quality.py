@@ -22,12 +22,13 @@ For scikit-learn's bundled datasets — breast cancer (binary), wine (3 classes,
 5. fits the centralised model of the same family on the pooled training rows with the same
    splits (each site's own held-out rows, drawn by the app's split rule) and the same
    preprocessing, in scikit-learn: ``SimpleImputer(strategy="median", add_indicator=True)``,
-   ``StandardScaler``, then ``LogisticRegression`` or ``LinearRegression``;
+   ``StandardScaler``, then ``LogisticRegression`` with the app's L2 penalty
+   (``C = 1 / (L2_PENALTY · n_train)``, ``frp_flwr.task.centralised_c``) or ``LinearRegression``
+   (scikit-learn's MLP for ``mlp`` jobs);
 6. prints per dataset, split, model and strategy (``--models linear,mlp``, ``--strategies
    fedavg,fedprox,fedadam,…``: one job per combination, each with Flower's default parameters)
    the pooled held-out accuracy (RMSE for diabetes) of both and the ratio federated /
-   centralised (the centralised model of the same family: logistic / linear regression or
-   scikit-learn's MLP), then the best federated configuration per dataset and split. Target on
+   centralised, then the best federated configuration per dataset and split. Target on
    IID splits: accuracy ratio ≥ 0.98, RMSE ratio ≤ 1.05.
 
 Nothing is timed. Every process started here is stopped at the end; the temporary directory is
@@ -71,6 +72,7 @@ from frp_flwr.signing import (  # noqa: E402
     verify,
 )
 from frp_flwr.strategies import read_strategy_spec  # noqa: E402
+from frp_flwr.task import centralised_c  # noqa: E402
 from sandbox.ingest import ingest_csv  # noqa: E402
 from sandbox.keyring import SiteKeyring  # noqa: E402
 from sandbox.loader import load_table  # noqa: E402
@@ -239,7 +241,12 @@ def centralised(job: Job, tables: dict[str, dict], spec: contract.JobSpec) -> fl
             parts[part][1].append(frame.y[rows])
     X_train, X_test = (np.vstack(parts[p][0]) for p in ("train", "test"))
     y_train, y_test = (np.concatenate(parts[p][1]) for p in ("train", "test"))
-    model = LinearRegression() if job.task == "regression" else LogisticRegression(max_iter=5000)
+    # The same objective as the app's training: its L2 penalty as scikit-learn's C.
+    model = (
+        LinearRegression()
+        if job.task == "regression"
+        else LogisticRegression(C=centralised_c(len(y_train)), max_iter=10_000)
+    )
     if (job.model or {}).get("kind") == "mlp":
         mlp = {
             "hidden_layer_sizes": tuple(job.model["hidden"]),

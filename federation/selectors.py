@@ -381,7 +381,8 @@ def _confusion_display(confusion: list, classes: list) -> dict | None:
 def job_results(*, job: FederatedJob, user=None) -> dict:
     """The final results and data preparation as the job page shows them.
 
-    Returns ``{"task", "metrics": [{"key", "label", "pooled", "sites": [float|None]}],
+    Returns ``{"task", "metrics": [{"key", "label", "pooled", "bound": float|None (the most the
+    pooled value can differ from the exact one: ROC AUC), "sites": [float|None]}],
     "site_names": [slug], "confusion": {"pooled": display|None, "sites": [(slug, display)]},
     "baseline": dict|None, "below_baseline": bool, "preparation": {"fills": [(feature, text)],
     "notes": [...], "columns": int, "sites": [{"site", "rows", "dropped_target",
@@ -401,6 +402,7 @@ def job_results(*, job: FederatedJob, user=None) -> dict:
             "key": key,
             "label": label,
             "pooled": pooled.get(key),
+            "bound": pooled.get(f"{key}_bound"),
             "sites": [m.get(key) for _, m in site_metrics],
         }
         for key, label in rows

@@ -288,6 +288,36 @@ def batch_kind(distinct: Iterable[str]) -> str | None:
     return kind
 
 
+def numbers_of(values: Sequence[str]) -> tuple[str, np.ndarray] | None:
+    """``(kind, float64 values)`` when every value (stripped, none missing) is a finite decimal
+    number — ``numeric_kind``'s answer, confirmed by ``parse_floats`` — else ``None``: the one
+    numeric rule of a batch, for ingest's profile and for the loader alike."""
+    kind = numeric_kind(values)
+    if kind is None:
+        return None
+    numbers = parse_floats(values)
+    return None if numbers is None else (kind, numbers)
+
+
+def infer_kind(
+    distinct: Iterable[str], *, dates: Callable[[Iterable[str]], bool] | None = None
+) -> str:
+    """The type of a column from its distinct non-missing stripped values: ``bool`` if every
+    value is ``true``/``false``, ``date`` if every value is an ISO date, else ``batch_kind``
+    (``int``, ``float`` or ``str``); ``str`` for no value. The one inference rule of the
+    sandbox, for ingest's profile (``profile.ColumnStats``, batch by batch, then ``widen``) and
+    the loader's untyped parse (``loader.parse_table``, all values at once). ``dates`` replaces
+    ``is_date_batch`` (a cache of validated dates gives the same answer)."""
+    distinct = distinct if isinstance(distinct, set | frozenset) else set(distinct)
+    if not distinct:
+        return "str"
+    if is_bool_batch(distinct):
+        return "bool"
+    if (dates or is_date_batch)(distinct):
+        return "date"
+    return batch_kind(distinct) or "str"
+
+
 def is_bool_batch(distinct: Iterable[str]) -> bool:
     """Whether every value is ``true``/``false`` (any case)."""
     return all(value.lower() in _BOOLS for value in distinct)

@@ -39,8 +39,8 @@ from sandbox.csvformat import (
     TYPES,
     CsvError,
     RecordReader,
-    batch_kind,
     column_values,
+    infer_kind,
     parses_as_float,
     split_trailer,
     strip_all,
@@ -538,7 +538,7 @@ def _parse(
 
 class _Column:
     """Builds one column's array batch by batch (``kind`` known: ``csvformat.column_values``) or
-    at the end (inferred with ``csvformat.batch_kind``)."""
+    at the end (inferred with ``csvformat.infer_kind``, the profile's rule)."""
 
     def __init__(self, kind: str | None, missing: frozenset[str]) -> None:
         self.kind = kind
@@ -573,8 +573,7 @@ class _Column:
         return kind, column
 
     def _infer(self, allowed: tuple[str, ...]) -> str:
-        present = {v for v in strip_all(self.values) if v not in self.missing}
-        kind = batch_kind(present) or "str"
+        kind = infer_kind({v for v in strip_all(self.values) if v not in self.missing})
         return kind if kind in allowed else "str"
 
 

@@ -23,12 +23,11 @@ from sandbox.csvformat import (
     DEFAULT_MISSING_VALUES,
     NUMERIC_TYPES,
     CellError,
-    batch_kind,
     classify_value,
     first_misfit,
-    is_bool_batch,
+    infer_kind,
     is_date_batch,
-    numeric_kind,
+    numbers_of,
     parse_floats,
     parses_as_float,
     strip_all,
@@ -112,7 +111,7 @@ class ColumnStats:
             self._count_categories(present)
             self._tally_text(Counter(present))
             return
-        kind, numbers, distinct = _batch_kind(present, hint, self._valid_dates)
+        kind, numbers, distinct = _batch_kind(present, hint, self._all_dates)
         if kind in NUMERIC_TYPES:
             self.number_cells += len(present)
         else:
@@ -126,15 +125,8 @@ class ColumnStats:
         self.type = new
         if new in NUMERIC_TYPES and numbers is not None:
             self._merge_numbers(numbers)
-        elif new == "date":
-            distinct = distinct if distinct is not None else set(present)
-            low, high = min(distinct), max(distinct)
-            self.first_date = low if self.first_date is None else min(self.first_date, low)
-            self.last_date = high if self.last_date is None else max(self.last_date, high)
-        else:  # bool or str
-            if current in ("int", "float", "date"):
-                self.categories = None  # the earlier values were not counted
-            self._count_categories(present)
+        else:
+            self._account_values(new, current, distinct or set(present), present)
 
     def native_shape(self, numeric_markers: bool) -> str:
         """The ``sandbox.arrowcsv`` shape to ask for this column's next batch: ``"int"`` or
@@ -215,12 +207,10 @@ class ColumnStats:
             return True
         distinct = set(tally)
         if hint in (None, "int", "float"):
-            quick = numeric_kind(list(distinct))
-            floats = None
-            if quick is not None:
-                # float() of every distinct cell (a missing one as 0: it is left out below)
-                floats = parse_floats([v if v in tally else "0" for v in stripped])
-            if floats is not None:
+            # every distinct cell as a number (a missing one as 0: it is left out below)
+            parsed = numbers_of([v if v in tally else "0" for v in stripped])
+            if parsed is not None:
+                quick, floats = parsed
                 if target is not None and quick not in ACCEPTS[target]:
                     return False
                 keep = np.array([v in tally for v in stripped], dtype=bool)[index]
@@ -232,14 +222,9 @@ class ColumnStats:
                 return True
             if hint is not None:
                 return False
-        if hint in (None, "bool") and is_bool_batch(distinct):
-            kind = "bool"
-        elif hint in (None, "date") and self._all_dates(distinct):
-            kind = "date"
-        else:
-            kind = batch_kind(distinct) or "str"
-            if kind in NUMERIC_TYPES:
-                return False
+        kind = infer_kind(distinct, dates=self._all_dates)
+        if kind in NUMERIC_TYPES:
+            return False
         if target is not None and kind not in ACCEPTS[target]:
             return False
         new = target or widen(current, kind)
@@ -247,18 +232,30 @@ class ColumnStats:
         self.count += n_present
         self.type = new
         self._tally_text(tally)
+        self._account_values(new, current, distinct, tally)
+        return True
+
+    def _account_values(
+        self,
+        new: str,
+        current: str | None,
+        distinct: set[str],
+        present: Sequence[str] | Mapping[str, int],
+    ) -> None:
+        """After a batch that left the column ``new`` (was ``current``): the date range of a
+        ``date`` column, else (``bool``/``str``) the category counts of ``present`` (values,
+        or value → count), dropped when earlier numbers or dates were not counted."""
         if new == "date":
             low, high = min(distinct), max(distinct)
             self.first_date = low if self.first_date is None else min(self.first_date, low)
             self.last_date = high if self.last_date is None else max(self.last_date, high)
-        else:  # bool or str
-            if current in ("int", "float", "date"):
-                self.categories = None  # the earlier values were not counted
-            self._count_categories(tally)
-        return True
+            return
+        if current in ("int", "float", "date"):
+            self.categories = None  # the earlier values were not counted
+        self._count_categories(present)
 
     def _all_dates(self, distinct: set[str]) -> bool:
-        """``is_date_batch`` with this column's cache of validated dates (as ``_batch_kind``)."""
+        """``is_date_batch`` with this column's cache of validated dates (bounded)."""
         valid_dates = self._valid_dates
         unseen = distinct - valid_dates
         if not is_date_batch(unseen):
@@ -275,12 +272,10 @@ class ColumnStats:
         counted, use the general path."""
         if any(parses_as_float(marker) for marker in missing):
             return False
-        quick = numeric_kind(cells)
-        if quick is None or (target is not None and quick not in ACCEPTS[target]):
+        parsed = numbers_of(cells)
+        if parsed is None or (target is not None and parsed[0] not in ACCEPTS[target]):
             return False
-        numbers = parse_floats(cells)
-        if numbers is None:
-            return False
+        quick, numbers = parsed
         self.count += len(cells)
         self.number_cells += len(cells)
         self.type = target or widen(self.type, quick)
@@ -355,31 +350,19 @@ class ColumnStats:
 
 
 def _batch_kind(
-    present: Sequence[str], hint: str | None, valid_dates: set[str]
+    present: Sequence[str], hint: str | None, dates: Callable[[Iterable[str]], bool]
 ) -> tuple[str, np.ndarray | None, set[str] | None]:
-    """``(kind, float values if numeric, distinct values if computed)`` of non-missing values.
-
-    Tries the cheap whole-batch test for the kind the column has so far (``hint``) first, then
-    classifies the distinct values one by one. ``valid_dates`` caches dates already validated
-    in this column (bounded), since a date column repeats the same few thousand days.
+    """``(kind, float values if numeric, distinct values if computed)`` of non-missing values,
+    by the rule of ``csvformat.infer_kind``: the cheap whole-batch number test first while the
+    column is (or may be) numeric (``hint``), then the distinct values. ``dates`` is the
+    column's cached ``is_date_batch``, since a date column repeats the same few thousand days.
     """
     if hint in (None, "int", "float"):
-        quick = numeric_kind(present)
-        if quick is not None:
-            numbers = parse_floats(present)
-            if numbers is not None:
-                return quick, numbers, None
+        parsed = numbers_of(present)
+        if parsed is not None:
+            return parsed[0], parsed[1], None
     distinct = set(present)
-    if hint in (None, "bool") and is_bool_batch(distinct):
-        return "bool", None, distinct
-    if hint in (None, "date"):
-        unseen = distinct - valid_dates
-        if is_date_batch(unseen):
-            if len(valid_dates) + len(unseen) > MAX_TRACKED_DISTINCT:
-                valid_dates.clear()
-            valid_dates.update(unseen)
-            return "date", None, distinct
-    kind = batch_kind(distinct) or "str"
+    kind = infer_kind(distinct, dates=dates)
     if kind in NUMERIC_TYPES:
         return kind, parse_floats(present), distinct
     return kind, None, distinct

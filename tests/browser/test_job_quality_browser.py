@@ -114,6 +114,7 @@ def _finish(job: FederatedJob) -> None:
                 balanced_accuracy=0.62,
                 macro_f1=0.61,
                 roc_auc=0.71,
+                roc_auc_bound=0.0021,
                 log_loss=0.55,
                 confusion=[[23, 9], [3, 5]],
             ),
@@ -190,6 +191,7 @@ def test_columns_table_and_results_in_the_browser(live_server, transactional_db,
     page.screenshot(path=SHOTS / "job-results.png", full_page=True)
     text = page.content()
     assert "No better than the baseline" in text
+    assert page.locator('[data-bound="roc_auc"]').inner_text().strip() == "± 0.0021"
     assert "How the data were prepared" in text and "median: 61.5 + missing indicator" in text
     pooled = page.locator(".confusion").first.inner_text()
     assert "≤ 7" in pooled and "23" in pooled  # 5 and 3 are small: suppressed

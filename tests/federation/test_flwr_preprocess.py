@@ -216,7 +216,39 @@ def test_binary_auc_exact_at_a_site_and_pooled_from_histograms():
     pooled = pooled_metrics("classification", reports)
     y = np.concatenate([a for a, _ in parts])
     p1 = np.concatenate([b[:, 1] for _, b in parts])
-    assert pooled.roc_auc == pytest.approx(skm.roc_auc_score(y, p1), abs=2e-3)
+    exact = skm.roc_auc_score(y, p1)
+    # Scores on a 0.001 grid: rows of two sites often share a bin, so the bound is not 0 …
+    assert 0 < pooled.roc_auc_bound < 2e-3
+    # … and the pooled value is within it of scikit-learn's on the pooled scores.
+    assert abs(pooled.roc_auc - exact) <= pooled.roc_auc_bound + 1e-12
+
+
+def test_pooled_auc_is_exact_when_no_two_sites_share_a_bin():
+    """Each site's own pairs are counted exactly, ties within a site included; across sites the
+    histograms are exact when rows of different sites never share a bin: the bound is 0."""
+    rng = np.random.default_rng(11)
+    parts = []
+    for lo in (0.0, 0.5):  # site a scores in [0, 0.5), site b in [0.5, 1)
+        y = rng.integers(0, 2, 200)
+        p1 = lo + 0.5 * rng.random(200) ** (2 - y) * 0.999
+        p1[:20] = lo + 0.25  # ties within one site's bin
+        parts.append((y, np.column_stack([1 - p1, p1])))
+    reports = [site_report("classification", y=y, proba=p, num_classes=2) for y, p in parts]
+    pooled = pooled_metrics("classification", reports)
+    y = np.concatenate([a for a, _ in parts])
+    p1 = np.concatenate([b[:, 1] for _, b in parts])
+    assert pooled.roc_auc_bound == 0.0
+    assert pooled.roc_auc == pytest.approx(skm.roc_auc_score(y, p1), abs=1e-12)
+
+
+def test_pooled_auc_bound_is_reached_by_cross_site_ties():
+    """Two sites, one row each in one bin: the histograms cannot tell their order; the exact
+    AUC is 1 or 0 and the pooled value is ½ with a bound of ½."""
+    up = [(np.array([1]), np.array([[0.4995, 0.5005]])), (np.array([0]), np.array([[0.5, 0.5]]))]
+    reports = [site_report("classification", y=y, proba=p, num_classes=2) for y, p in up]
+    pooled = pooled_metrics("classification", reports)
+    assert (pooled.roc_auc, pooled.roc_auc_bound) == (0.5, 0.5)
+    assert abs(pooled.roc_auc - skm.roc_auc_score([1, 0], [0.5005, 0.5])) <= pooled.roc_auc_bound
 
 
 def test_pooled_regression_metrics_and_mean_baseline_match_sklearn():

@@ -783,7 +783,8 @@ class Metrics(_Record):
     """Held-out metrics of a model, at one site or pooled over sites.
 
     Classification: ``accuracy``, ``balanced_accuracy`` (mean recall over the classes present),
-    ``macro_f1``, ``roc_auc`` (binary tasks only), ``log_loss`` (mean cross-entropy, nats) and
+    ``macro_f1``, ``roc_auc`` (binary tasks only; pooled, ``roc_auc_bound`` is the most it can
+    differ from the exact value, ``metrics.pooled_roc_auc``), ``log_loss`` (mean cross-entropy, nats) and
     the ``confusion`` matrix (rows: true class, columns: predicted, in the job's class order;
     exact counts — the portal shows counts under the small-count threshold as "≤ 7").
     Regression: ``rmse``, ``mae`` (target units) and ``r2``.
@@ -794,6 +795,7 @@ class Metrics(_Record):
     balanced_accuracy: float | None = None
     macro_f1: float | None = None
     roc_auc: float | None = None
+    roc_auc_bound: float | None = None
     log_loss: float | None = None
     confusion: list[list[int]] = field(default_factory=list)
     rmse: float | None = None
@@ -814,6 +816,7 @@ class Metrics(_Record):
                     "balanced_accuracy": unit,
                     "macro_f1": unit,
                     "roc_auc": unit,
+                    "roc_auc_bound": unit,
                     "log_loss": _opt_loss,
                     "confusion": _confusion,
                     "rmse": lambda v, w: read_opt_float(v, w, lo=0.0, hi=1e15),

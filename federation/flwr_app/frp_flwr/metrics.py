@@ -10,9 +10,14 @@ and a histogram of predicted probabilities (classification), or sums of errors a
 * accuracy; balanced accuracy (mean recall over the classes present in the true labels);
   macro-F1 (mean of ``2·TP / (2·TP + FP + FN)`` over the classes present in the true or predicted
   labels, 0 for a class never predicted correctly); log loss (mean cross-entropy, nats);
-* ROC AUC for two classes: exact at a site (Mann–Whitney U with mid-ranks for ties), pooled from
-  the sites' probability histograms (``AUC_BINS`` bins; ties within a bin count one half, so the
-  pooled value is within one bin's share of pairs of the exact one);
+* ROC AUC for two classes: exact at a site (Mann–Whitney U with mid-ranks for ties); pooled
+  (:func:`pooled_roc_auc`) from each site's exact U for its own pairs and the sites' probability
+  histograms (``AUC_BINS`` equal bins of [0, 1]) for pairs across sites, where two rows in one
+  bin count one half. The pooled value is therefore exact but for cross-site pairs that share a
+  bin, and its error is at most half their share of all pairs: that bound is computed from the
+  same histograms and reported beside it (``Metrics.roc_auc_bound``). An exact cross-site count
+  would need the sites to compare their rows' scores with each other (per-row scores leaving a
+  site, or a secure comparison protocol); the portal does neither;
 * RMSE, MAE and R² (1 − SSE/SST around the evaluated rows' own mean);
 * the trivial baseline: the majority class of the pooled training labels, or the pooled training
   mean of the target.
@@ -104,12 +109,40 @@ def _classification(confusion: np.ndarray, log_loss_sum: float) -> dict:
     }
 
 
-def _binned_auc(pos: np.ndarray, neg: np.ndarray) -> float | None:
-    n_pos, n_neg = pos.sum(), neg.sum()
-    if n_pos == 0 or n_neg == 0:
-        return None
+def _binned_u(pos: np.ndarray, neg: np.ndarray) -> float:
+    """Mann–Whitney U of binned scores: pairs (positive above negative) + ½ pairs in one bin."""
     neg_below = np.concatenate([[0], np.cumsum(neg)[:-1]])
-    return float((pos * neg_below + 0.5 * pos * neg).sum() / (n_pos * n_neg))
+    return float((pos * neg_below + 0.5 * pos * neg).sum())
+
+
+def pooled_roc_auc(reports: list[EvalReport]) -> tuple[float | None, float | None]:
+    """The pooled ROC AUC of binary reports and the bound of its error: ``(auc, bound)``.
+
+    ``U = Σ_i U_ii + Σ_{i≠j} U_ij``: the pairs within site ``i`` come from its exact AUC
+    (``U_ii = auc_i · P_i · N_i``, a multiple of ½), the pairs across sites from the histograms
+    (``U_hist(pooled) − Σ_i U_hist(i)``), which count a cross-site pair whose two rows share a bin
+    as ½. The true AUC differs by at most ``½ · Σ_b (pos_b·neg_b − Σ_i pos_ib·neg_ib) / (P·N)``
+    (0 when no positive and negative row of different sites share a bin). ``(None, None)`` when
+    the pooled rows lack a class. A site without an exact AUC (one class only) has no pairs of
+    its own.
+    """
+    pos_i = [np.asarray(r.auc_pos or [0] * AUC_BINS, dtype=np.float64) for r in reports]
+    neg_i = [np.asarray(r.auc_neg or [0] * AUC_BINS, dtype=np.float64) for r in reports]
+    pos, neg = np.sum(pos_i, axis=0), np.sum(neg_i, axis=0)
+    pairs = float(pos.sum() * neg.sum())
+    if pairs == 0:
+        return None, None
+    within_exact = within_hist = within_shared = 0.0
+    for report, p, n in zip(reports, pos_i, neg_i, strict=True):
+        site_pairs = float(p.sum() * n.sum())
+        if site_pairs == 0 or report.roc_auc is None:
+            continue
+        within_exact += round(2.0 * report.roc_auc * site_pairs) / 2.0
+        within_hist += _binned_u(p, n)
+        within_shared += float((p * n).sum())
+    u = within_exact + _binned_u(pos, neg) - within_hist
+    shared_across = float((pos * neg).sum()) - within_shared
+    return min(1.0, max(0.0, u / pairs)), 0.5 * shared_across / pairs
 
 
 def _regression(n: int, sse: float, sae: float, sum_y: float, sum_y2: float) -> dict:
@@ -135,12 +168,10 @@ def pooled_metrics(task: str, reports: list[EvalReport]) -> Metrics:
     if task == "classification":
         confusion = np.sum([np.asarray(r.confusion, dtype=np.int64) for r in reports], axis=0)
         out = _classification(confusion, sum(r.log_loss_sum for r in reports))
-        auc = None
+        auc = bound = None
         if confusion.shape[0] == 2:
-            pos = np.sum([np.asarray(r.auc_pos or [0] * AUC_BINS) for r in reports], axis=0)
-            neg = np.sum([np.asarray(r.auc_neg or [0] * AUC_BINS) for r in reports], axis=0)
-            auc = _binned_auc(pos, neg)
-        return Metrics(**out, roc_auc=auc)
+            auc, bound = pooled_roc_auc(reports)
+        return Metrics(**out, roc_auc=auc, roc_auc_bound=bound)
     return Metrics(
         **_regression(
             sum(r.examples for r in reports),

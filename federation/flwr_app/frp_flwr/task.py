@@ -218,6 +218,22 @@ def loss_and_accuracy(
     return loss, acc
 
 
+#: The L2 penalty of local training: ``L2_PENALTY``·‖W‖²/2 is added to the mean loss (the bias is
+#: not penalised). The same objective in scikit-learn's ``LogisticRegression`` (which minimises
+#: C·Σ loss + ‖W‖²/2) is ``C = 1 / (L2_PENALTY · n_train)``: a centralised baseline of the same
+#: model uses that ``C`` (``centralised_c``).
+L2_PENALTY = 1e-4
+
+
+def centralised_c(n_train: int, l2: float = L2_PENALTY) -> float:
+    """scikit-learn's ``LogisticRegression(C=...)`` for the objective :func:`train_sgd` minimises
+    on ``n_train`` pooled training rows: ``1 / (l2 · n_train)``. Raises ``ValueError`` when
+    ``n_train`` or ``l2`` is not positive."""
+    if n_train <= 0 or l2 <= 0:
+        raise ValueError(f"need n_train > 0 and l2 > 0, got {n_train} and {l2}")
+    return 1.0 / (l2 * n_train)
+
+
 def train_sgd(
     params: list[np.ndarray],
     X: np.ndarray,
@@ -227,7 +243,7 @@ def train_sgd(
     learning_rate: float,
     batch_size: int,
     seed: int,
-    l2: float = 1e-4,
+    l2: float = L2_PENALTY,
     task: str = "classification",
     mu: float = 0.0,
 ) -> tuple[list[np.ndarray], float]:
