@@ -7,7 +7,13 @@ from decimal import Decimal
 from django import forms
 
 from federation import columns as job_columns
-from frp_flwr.contract import FEATURE_KINDS, MISSING_RULES, RULES_FOR_KIND, FeaturePlan
+from frp_flwr.contract import (
+    FEATURE_KINDS,
+    MISSING_RULES,
+    RULES_FOR_KIND,
+    XGBOOST_PARAMS,
+    FeaturePlan,
+)
 from portal.selectors import projects_for_user
 from sandbox.selectors import stewarded_institution_ids, usable_versions
 
@@ -64,6 +70,78 @@ class JobSubmitForm(forms.Form):
     )
     learning_rate = forms.FloatField(
         min_value=1e-6, max_value=10.0, initial=0.1, help_text="SGD step size at each site."
+    )
+
+    model = forms.ChoiceField(
+        choices=[
+            ("linear", "Logistic / linear regression"),
+            ("xgboost", "Gradient-boosted trees (XGBoost, bagged)"),
+        ],
+        initial="linear",
+        required=False,  # scripted posts without it train the linear model
+        help_text="Logistic regression for a class target, linear regression for a number; or "
+        "gradient-boosted trees: every round each site adds boosting rounds on top of the global "
+        "trees and the portal appends every site's new trees (Flower's FedXgbBagging). Trees are "
+        "credited by data volume, not Shapley value (coalition models cannot be rebuilt from "
+        "bagged trees, ADR 0023).",
+    )
+    # XGBoost's hyper-parameters (frp_flwr.contract.XGBOOST_PARAMS has the same ranges).
+    xgb_local_rounds = forms.IntegerField(
+        min_value=1,
+        max_value=50,
+        initial=1,
+        required=False,
+        label="Local boosting rounds",
+        help_text="Trees each site adds per round (so a job grows rounds × sites × this many).",
+    )
+    xgb_max_depth = forms.IntegerField(
+        min_value=1,
+        max_value=12,
+        initial=6,
+        required=False,
+        label="Max depth",
+        help_text="Deepest split of a tree; deeper trees fit more, and overfit sooner.",
+    )
+    xgb_eta = forms.FloatField(
+        min_value=1e-4,
+        max_value=1.0,
+        initial=0.3,
+        required=False,
+        label="Learning rate (eta)",
+        help_text="Shrinkage of each tree's output; with several sites adding trees each round, "
+        "a smaller eta (0.1) keeps their sum from overshooting.",
+    )
+    xgb_subsample = forms.FloatField(
+        min_value=0.05,
+        max_value=1.0,
+        initial=1.0,
+        required=False,
+        label="Row subsample",
+        help_text="Share of a site's rows each tree is grown on.",
+    )
+    xgb_colsample_bytree = forms.FloatField(
+        min_value=0.05,
+        max_value=1.0,
+        initial=1.0,
+        required=False,
+        label="Column subsample",
+        help_text="Share of the features each tree may split on.",
+    )
+    xgb_min_child_weight = forms.FloatField(
+        min_value=0.0,
+        max_value=1e6,
+        initial=1.0,
+        required=False,
+        label="Min child weight",
+        help_text="Least Hessian sum in a leaf (about the rows in it, for squared error).",
+    )
+    xgb_reg_lambda = forms.FloatField(
+        min_value=0.0,
+        max_value=1e6,
+        initial=1.0,
+        required=False,
+        label="L2 penalty (lambda)",
+        help_text="L2 regularisation of the leaf weights.",
     )
 
     columns_for = forms.CharField(required=False, widget=forms.HiddenInput)
@@ -245,8 +323,26 @@ class JobSubmitForm(forms.Form):
             raise forms.ValidationError("A column is listed twice.")
         return cols
 
+    def xgboost_fields(self) -> list:
+        """The bound fields of XGBoost's hyper-parameters (the template's trees fieldset)."""
+        return [self[f"xgb_{name}"] for name in XGBOOST_PARAMS]
+
+    def model_choice(self) -> dict:
+        """``{"kind": …, …hyper-parameters}`` (``contract.read_model_spec``) from the cleaned
+        fields; an empty hyper-parameter field takes its default."""
+        kind = self.cleaned_data.get("model") or "linear"
+        if kind != "xgboost":
+            return {"kind": kind}
+        chosen = {
+            name: self.cleaned_data.get(f"xgb_{name}")
+            for name in XGBOOST_PARAMS
+            if self.cleaned_data.get(f"xgb_{name}") is not None
+        }
+        return {"kind": kind, **chosen}
+
     def clean(self):
         cleaned = super().clean()
+        cleaned["model_spec"] = self.model_choice()
         target = cleaned.get("target_column")
         if self.table_posted:
             cleaned["feature_columns"], cleaned["preprocessing"] = self.table_choice()

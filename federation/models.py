@@ -346,6 +346,11 @@ class FederatedJob(models.Model):
         help_text="How the data were prepared, as the ServerApp reported it (contract.Preparation).",
     )
     model = models.CharField(max_length=32, default="logreg")
+    model_params = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The model's hyper-parameters (frp_flwr.contract.read_model_spec), e.g. XGBoost's.",
+    )
     strategy = models.CharField(max_length=32, default="fedavg")
     num_rounds = models.PositiveIntegerField(default=5)
     local_epochs = models.PositiveIntegerField(default=5)

@@ -171,6 +171,7 @@ def job_submit(
     local_epochs: int = 5,
     learning_rate: float = 0.1,
     schedule: dict | None = None,
+    model: dict | None = None,
 ) -> FederatedJob:
     """Validate and queue a job; its launch is queued after the transaction commits.
 
@@ -184,8 +185,13 @@ def job_submit(
     ``budget_cap`` (``Decimal``), ``qos``, ``preemptible``, ``cores`` / ``memory_gib`` / ``gpus``
     per site (the same request at every site). The run time is estimated here
     (``admission.duration_estimate``).
+
+    ``model`` (optional, default linear): ``{"kind": "linear"|"xgboost", …hyper-parameters}``,
+    checked by ``contract.read_model_spec`` (a bad value is a ``JobError`` on ``model``); stored
+    as ``job.model`` (``"logreg"`` for linear) and ``job.model_params``.
     """
     schedule = dict(schedule or {})
+    model_kind, model_params = _model_choice(model)
     if not can(by, "job.submit", project):
         raise JobError(
             "you are not a member of this project",
@@ -229,6 +235,8 @@ def job_submit(
         num_rounds=num_rounds,
         local_epochs=local_epochs,
         learning_rate=learning_rate,
+        model=model_kind,
+        model_params=model_params,
         policy=schedule.get("policy") or "asap",
         deadline=schedule.get("deadline"),
         budget_cap=schedule.get("budget_cap"),
@@ -259,6 +267,28 @@ def job_submit(
     return job
 
 
+def _model_choice(model: dict | None) -> tuple[str, dict]:
+    """``(job.model, job.model_params)`` of a submitted model spec; raises ``JobError`` on
+    ``model`` when ``contract.read_model_spec`` refuses it (``mlp`` is not offered here yet)."""
+    try:
+        spec = contract.read_model_spec(dict(model or {"kind": "linear"}), "model")
+    except contract.ContractError as exc:
+        raise JobError("model", {"model": [str(exc)]}) from None
+    kind = spec.pop("kind")
+    if kind == "linear":
+        return "logreg", {}
+    if kind != "xgboost":
+        raise JobError("model", {"model": [f"The model {kind!r} is not offered."]})
+    return kind, spec
+
+
+def job_model_spec(job: FederatedJob) -> dict:
+    """The job's ``JobSpec.model``: ``{"kind": "xgboost", …}`` or ``{"kind": "linear"}``."""
+    if job.model == "xgboost":
+        return {"kind": "xgboost", **job.model_params}
+    return {"kind": "linear"}
+
+
 # ---------------------------------------------------------------------------------------------
 # Launch
 # ---------------------------------------------------------------------------------------------
@@ -282,6 +312,7 @@ def job_run_config(job: FederatedJob) -> contract.RunConfig:
         min_sites=MIN_SITES,
         task=job.task,
         plans=[contract.FeaturePlan(**p) for p in job.preprocessing],
+        model=job_model_spec(job),
     )
     callback = settings.FRP_CALLBACK_BASE_URL.rstrip("/") + reverse(
         "federation:job_callback", args=[job.pk]

@@ -285,6 +285,58 @@ def _choice(value: Any, where: str, choices) -> str:
     return text
 
 
+#: The model kinds a job may train (``JobSpec.model["kind"]``); a spec without ``model`` is linear
+#: (softmax / linear regression, ``frp_flwr.task``).
+MODEL_KINDS = ("linear", "mlp", "xgboost")
+
+#: XGBoost's hyper-parameters a job may set (``frp_flwr.trees``): name → (type, default, lo, hi).
+#: ``local_rounds``: boosting rounds each site adds per federated round (every one of its trees is
+#: bagged into the global booster); ``eta``: learning rate (shrinkage); ``subsample`` and
+#: ``colsample_bytree``: the share of rows / columns each tree samples; ``min_child_weight``: the
+#: least Hessian sum in a leaf; ``reg_lambda``: L2 penalty on leaf weights. XGBoost's meanings:
+#: https://xgboost.readthedocs.io/en/stable/parameter.html
+XGBOOST_PARAMS: dict[str, tuple[type, float, float, float]] = {
+    "local_rounds": (int, 1, 1, 50),
+    "max_depth": (int, 6, 1, 12),
+    "eta": (float, 0.3, 1e-4, 1.0),
+    "subsample": (float, 1.0, 0.05, 1.0),
+    "colsample_bytree": (float, 1.0, 0.05, 1.0),
+    "min_child_weight": (float, 1.0, 0.0, 1e6),
+    "reg_lambda": (float, 1.0, 0.0, 1e6),
+}
+
+
+def read_model_spec(value: Any, where: str) -> dict:
+    """``JobSpec.model``: ``{"kind": MODEL_KINDS, …hyper-parameters}``.
+
+    For ``xgboost`` every key must be one of :data:`XGBOOST_PARAMS`, of its type and in its range;
+    absent ones get their defaults (so the returned dict is complete). Other kinds' parameters are
+    plain JSON values (their own modules check them). Raises ``ContractError`` naming the field.
+    """
+    raw = read_map(value, where, max_items=64)
+    kind = _choice(raw.get("kind", "linear"), f"{where}.kind", MODEL_KINDS)
+    if kind != "xgboost":
+        return {
+            "kind": kind,
+            **read_json_tree({k: v for k, v in raw.items() if k != "kind"}, where),
+        }
+    unknown = sorted(set(raw) - set(XGBOOST_PARAMS) - {"kind"})
+    if unknown:
+        raise ContractError(
+            f"{where}: unknown xgboost parameter(s) {', '.join(map(repr, unknown))}"
+        )
+    out: dict = {"kind": kind}
+    for name, (kind_of, default, lo, hi) in XGBOOST_PARAMS.items():
+        w = f"{where}.{name}"
+        if name not in raw:
+            out[name] = default
+        elif kind_of is int:
+            out[name] = read_int(raw[name], w, lo=int(lo), hi=int(hi))
+        else:
+            out[name] = read_float(raw[name], w, lo=lo, hi=hi)
+    return out
+
+
 @dataclass(frozen=True)
 class JobSpec(_Record):
     """The parts of a job the Flower App needs; the ``job-spec`` run-config value, as JSON text.
@@ -294,7 +346,9 @@ class JobSpec(_Record):
     ``classification`` (softmax regression) or ``regression`` (linear regression). ``plans``: how
     each feature is encoded and its missing cells handled (``FeaturePlan``; a feature without a
     plan is numeric with median imputation). ``small_count``: categories held by at most this
-    many rows at a site are merged into "other" there.
+    many rows at a site are merged into "other" there. ``model``: what is trained
+    (:func:`read_model_spec`: ``{"kind": "linear"|"mlp"|"xgboost", …hyper-parameters}``; absent
+    in older specs, which means linear).
     """
 
     sites: dict[str, SitePointer]
@@ -304,6 +358,7 @@ class JobSpec(_Record):
     task: str = "classification"
     plans: list[FeaturePlan] = field(default_factory=list)
     small_count: int = SMALL_COUNT
+    model: dict = field(default_factory=lambda: {"kind": "linear"})
 
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
@@ -331,6 +386,7 @@ class JobSpec(_Record):
                         for i, p in enumerate(read_list(v, w, max_items=10_000))
                     ],
                     "small_count": lambda v, w: read_int(v, w, lo=0, hi=1_000_000),
+                    "model": read_model_spec,
                 },
             )
         )
@@ -345,6 +401,11 @@ class JobSpec(_Record):
         if spec.target in spec.features:
             raise ContractError("job-spec.features: the target cannot also be a feature")
         return spec
+
+    @property
+    def model_kind(self) -> str:
+        """``model["kind"]`` (``"linear"`` for a spec without a model)."""
+        return str(self.model.get("kind", "linear"))
 
     def plan(self, name: str) -> FeaturePlan:
         """The plan of feature ``name`` (the default plan when it has none)."""

@@ -52,6 +52,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
+from frp_flwr import trees
 from frp_flwr.coalitions import coalition_key, contribution_plan
 from frp_flwr.contract import (
     CallbackAnswer,
@@ -474,7 +475,11 @@ def _non_finite(reply: Message) -> str:
 
 
 def _check_shapes(returned: ArrayRecord, sent: ArrayRecord) -> None:
-    """A train reply's weights must have the global model's shapes and be finite."""
+    """A train reply's weights must have the global model's shapes and be finite; a booster's
+    reply must hold its new trees (``trees.check_reply``)."""
+    if trees.is_booster(sent):
+        trees.check_reply(returned)
+        return
     got, want = returned.to_numpy_ndarrays(), sent.to_numpy_ndarrays()
     if [a.shape for a in got] != [a.shape for a in want]:
         raise ContractError("arrays: not the shapes of the global model")
@@ -843,6 +848,11 @@ class _Run:
         return self.prepared.fitted.task
 
     @property
+    def is_trees(self) -> bool:
+        """The job trains gradient-boosted trees (``frp_flwr.trees``), not weights."""
+        return self.cfg.spec.model_kind == "xgboost"
+
+    @property
     def classes(self) -> list[str]:
         return self.prepared.fitted.classes
 
@@ -964,15 +974,23 @@ def _start(grid: Grid, cfg: RunConfig, reporter: Reporter, found: _Discovered) -
     faulty = _refuse_by_limits(found, limits, cfg.spec.min_sites)
     fitted = prepared.fitted
     classes = fitted.classes
-    arrays = ArrayRecord(init_params(len(fitted.mean), max(1, len(fitted.classes))))
+    config = ConfigRecord({"preprocess": fitted.to_text(), "classes": fitted.classes or [""]})
+    model_hooks = {}
+    if cfg.spec.model_kind == "xgboost":  # gradient-boosted trees, bagged (frp_flwr.trees)
+        arrays = trees.empty_model()
+        model_hooks["strategy"] = trees.strategy()
+        config["xgb-base-score"] = trees.base_score(prepared.train_labels, classes)
+    else:
+        arrays = ArrayRecord(init_params(len(fitted.mean), max(1, len(fitted.classes))))
     players = sorted(active)  # contribution players: index = position
     return _Run(
+        **model_hooks,
         grid=grid,
         cfg=cfg,
         reporter=reporter,
         active=active,
         arrays=arrays,
-        config=ConfigRecord({"preprocess": fitted.to_text(), "classes": fitted.classes or [""]}),
+        config=config,
         prepared=prepared,
         node_site={n: s for s, n in active.items()},
         players=players,
@@ -1013,6 +1031,11 @@ def _train_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> dict:
         raise JobFailed(
             f"round {rnd}: {len(train)} of {len(run.active)} sites replied (need {min_sites})"
         )
+    if run.is_trees:  # FedXgbBagging: every site's new trees appended (frp_flwr.trees)
+        run.arrays, train_agg = trees.aggregate(
+            run.strategy, run.arrays, rnd, [r for r, _ in train.values()]
+        )
+        return train_agg or {}
     player = {n: run.player_of[run.node_site[n]] for n in train}
     run.history.append(
         RoundLog(
@@ -1148,7 +1171,7 @@ def _finish(run: _Run) -> None:
             rounds=run.cfg.num_rounds,
             sites=run.last_eval,
             classes=run.classes,
-            model=[a.tolist() for a in run.arrays.to_numpy_ndarrays()],
+            model=[] if run.is_trees else [a.tolist() for a in run.arrays.to_numpy_ndarrays()],
             metrics=pooled,
             baseline=baseline_,
             preprocessing=json.loads(run.prepared.fitted.to_text()),
@@ -1191,7 +1214,7 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
     for rnd in range(1, cfg.num_rounds + 1):
         _round(run, rnd)
     _finish(run)
-    if cfg.contribution:
+    if cfg.contribution and not run.is_trees:  # trees: data volume, at the portal (ADR 0023)
         _report_contribution(run)
 
 
