@@ -89,6 +89,8 @@ def check_reply(record: ArrayRecord) -> int:
     if len(raw) > MAX_BOOSTER_BYTES:
         raise ContractError(f"arrays: a booster of {len(raw)} bytes is above {MAX_BOOSTER_BYTES}")
     trees = tree_count(raw)
+    if trees < 1:
+        raise ContractError("arrays: the reply holds no tree")
     doc = json.loads(raw)
     model = _model(doc)
     if trees < 1 or len(model.get("trees", [])) != trees:
@@ -98,8 +100,9 @@ def check_reply(record: ArrayRecord) -> int:
     return trees
 
 
-def load_booster(raw: bytes, params: dict | None = None):
-    """An ``xgboost.Booster`` from JSON bytes ``raw`` (empty: a fresh booster with ``params``).
+def load_booster(raw: bytes, params: dict | None = None, cache: list | None = None):
+    """An ``xgboost.Booster`` from JSON bytes ``raw`` (empty: a fresh booster with ``params``);
+    ``cache``: the ``DMatrix`` list it will train on (XGBoost's ``Booster(params, cache)``).
 
     ``num_parallel_tree`` is set to 1 first (the bagged model records the last packed reply's
     count there; boosting on top must add one tree per round). Raises ``ContractError`` on bytes
@@ -107,7 +110,7 @@ def load_booster(raw: bytes, params: dict | None = None):
     """
     import xgboost as xgb
 
-    booster = xgb.Booster(params or {})
+    booster = xgb.Booster(params or {}, cache or [])
     if raw:
         try:
             doc = json.loads(raw)
@@ -186,8 +189,8 @@ def train_local(
     """
     import xgboost as xgb
 
-    booster = load_booster(raw, params)
     data = xgb.DMatrix(X, label=y)
+    booster = load_booster(raw, params, [data])
     start = booster.num_boosted_rounds()
     for i in range(local_rounds):
         booster.update(data, start + i)
