@@ -23,6 +23,10 @@ For scikit-learn's bundled datasets — breast cancer (binary), wine (3 classes,
    splits (each site's own held-out rows, drawn by the app's split rule) and the same
    preprocessing, in scikit-learn: ``SimpleImputer(strategy="median", add_indicator=True)``,
    ``StandardScaler``, then ``LogisticRegression`` or ``LinearRegression``;
+   With ``--models linear,xgboost`` each dataset and split also runs gradient-boosted trees
+   (``XGBOOST_MODEL``, Flower's FedXgbBagging, ``frp_flwr.trees``) against XGBoost on the pooled
+   training rows (same hyper-parameters, rounds × local rounds boosting rounds, missing cells
+   left to XGBoost);
 6. prints per dataset and split the pooled held-out accuracy (RMSE for diabetes) of both and the
    ratio federated / centralised. Target on IID splits: accuracy ratio ≥ 0.98, RMSE ratio ≤ 1.05.
 
@@ -86,6 +90,11 @@ class Job:
     task: str
     features: list[str]
     versions: dict[str, int]
+    model: str = "linear"
+
+
+#: The trees rows' hyper-parameters (``--models …,xgboost``; ``contract.XGBOOST_PARAMS``).
+XGBOOST_MODEL = {"kind": "xgboost", "local_rounds": 2, "max_depth": 3, "eta": 0.1}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,8 +216,12 @@ class Events:
 # ---------------------------------------------------------------------------------------------
 
 
-def centralised(job: Job, tables: dict[str, dict], spec: contract.JobSpec) -> float:
-    """Pooled held-out accuracy (or RMSE) of scikit-learn's model of the same family."""
+def centralised(
+    job: Job, tables: dict[str, dict], spec: contract.JobSpec, rounds: int = 0
+) -> float:
+    """Pooled held-out accuracy (or RMSE) of the centralised model of the same family:
+    scikit-learn's linear model, or XGBoost with the trees rows' hyper-parameters boosted as many
+    rounds as one site boosts in the run (rounds × local rounds) — ``rounds`` is the run's."""
     from sklearn.impute import SimpleImputer
     from sklearn.linear_model import LinearRegression, LogisticRegression
     from sklearn.metrics import accuracy_score, mean_squared_error
@@ -224,6 +237,8 @@ def centralised(job: Job, tables: dict[str, dict], spec: contract.JobSpec) -> fl
             parts[part][1].append(frame.y[rows])
     X_train, X_test = (np.vstack(parts[p][0]) for p in ("train", "test"))
     y_train, y_test = (np.concatenate(parts[p][1]) for p in ("train", "test"))
+    if job.model == "xgboost":
+        return _centralised_trees(job, X_train, X_test, y_train, y_test, rounds)
     model = LinearRegression() if job.task == "regression" else LogisticRegression(max_iter=5000)
     pipeline = make_pipeline(
         SimpleImputer(strategy="median", add_indicator=True, keep_empty_features=True),
@@ -237,6 +252,34 @@ def centralised(job: Job, tables: dict[str, dict], spec: contract.JobSpec) -> fl
     return float(accuracy_score(y_test.astype(str), pipeline.predict(X_test)))
 
 
+def _centralised_trees(job, X_train, X_test, y_train, y_test, rounds: int) -> float:
+    import xgboost as xgb
+
+    from frp_flwr import trees
+
+    spec = trees.model_spec(XGBOOST_MODEL)
+    boost = rounds * int(spec["local_rounds"])
+    if job.task == "regression":
+        mean, std = float(np.mean(y_train.astype(float))), float(np.std(y_train.astype(float)))
+        params = trees.xgb_params(spec, task="regression", num_classes=0, base_score=0, seed=1)
+        y = (y_train.astype(float) - mean) / std
+        booster = xgb.train(params, xgb.DMatrix(X_train, label=y), num_boost_round=boost)
+        pred = booster.predict(xgb.DMatrix(X_test)) * std + mean
+        return float(np.sqrt(np.mean(np.square(pred - y_test.astype(float)))))
+    keys = sorted({str(v) for v in y_train})
+    index = {k: i for i, k in enumerate(keys)}
+    y = np.array([index[str(v)] for v in y_train])
+    share = float(np.mean(y == 1)) if len(keys) == 2 else 0.5
+    params = trees.xgb_params(
+        spec, task="classification", num_classes=len(keys), base_score=share, seed=1
+    )
+    booster = xgb.train(params, xgb.DMatrix(X_train, label=y), num_boost_round=boost)
+    proba = booster.predict(xgb.DMatrix(X_test))  # NaN: XGBoost's own missing
+    pred = (proba > 0.5).astype(int) if proba.ndim == 1 else proba.argmax(axis=1)
+    truth = np.array([index.get(str(v), -1) for v in y_test])
+    return float(np.mean(pred == truth))
+
+
 # ---------------------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------------------
@@ -246,6 +289,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", default="breast_cancer,wine,digits,diabetes")
     parser.add_argument("--splits", default="iid,skew")
+    parser.add_argument(
+        "--models", default="linear", help="linear and/or xgboost (comma-separated)"
+    )
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--local-epochs", type=int, default=5)
     parser.add_argument("--learning-rate", type=float, default=0.05)
@@ -293,7 +339,8 @@ def main(argv=None) -> int:
                     )
                     tables.setdefault((name, split), {})[site] = table.data
                     del i
-                jobs.append(Job(name, split, task, names, versions))
+                for model in args.models.split(","):
+                    jobs.append(Job(name, split, task, names, versions, model))
 
         state = runtime.start(
             root / "federation",
@@ -331,6 +378,7 @@ def main(argv=None) -> int:
                     contract.FeaturePlan(name=f, kind="numeric", missing="median", indicator=True)
                     for f in job.features
                 ],
+                model=XGBOOST_MODEL if job.model == "xgboost" else {"kind": "linear"},
             )
             cfg = contract.RunConfig(
                 job_id=job_id,
@@ -359,10 +407,11 @@ def main(argv=None) -> int:
                 continue
             metrics = finished[0].metrics
             fed = metrics.rmse if job.task == "regression" else metrics.accuracy
-            central = centralised(job, tables[(job.dataset, job.split)], spec)
+            central = centralised(job, tables[(job.dataset, job.split)], spec, args.rounds)
             results.append((job, fed, central, finished[0].baseline, time.monotonic() - t0))
             print(
-                f"{job.dataset:>13} {job.split:>4}: federated {fed:.4f} centralised {central:.4f}"
+                f"{job.dataset:>13} {job.split:>4} {job.model:>7}: federated {fed:.4f} "
+                f"centralised {central:.4f}"
                 f" ({time.monotonic() - t0:.0f} s)",
                 flush=True,
             )
@@ -387,7 +436,7 @@ def print_table(results, args) -> None:
         f"held-out {TEST_FRACTION:.0%} per site"
     )
     header = (
-        f"{'dataset':<14}{'split':<6}{'metric':<10}{'federated':>10}{'central':>10}"
+        f"{'dataset':<14}{'split':<6}{'model':<9}{'metric':<10}{'federated':>10}{'central':>10}"
         f"{'ratio':>8}{'baseline':>10}  target"
     )
     print(header)
@@ -401,7 +450,7 @@ def print_table(results, args) -> None:
         else:
             verdict = "(reported)"
         print(
-            f"{job.dataset:<14}{job.split:<6}{'RMSE' if regression else 'accuracy':<10}"
+            f"{job.dataset:<14}{job.split:<6}{job.model:<9}{'RMSE' if regression else 'accuracy':<10}"
             f"{fed:>10.4f}{central:>10.4f}{ratio:>8.3f}"
             f"{(base.value if base and base.value is not None else float('nan')):>10.4f}  {verdict}"
         )

@@ -111,7 +111,7 @@ def test_bagged_margin_is_global_plus_every_sites_own_change():
         packed, _, _ = trees.train_local(first, Xs, ys, params=params, local_rounds=2)
         data = xgb.DMatrix(Xs, label=ys)
         local = trees.load_booster(first, params, [data])
-        for i in range(2):
+        for _ in range(2):
             local.update(data, local.num_boosted_rounds())
         changes.append(local.predict(d, output_margin=True) - before)
         replies.append(_reply(packed, len(ys)))
