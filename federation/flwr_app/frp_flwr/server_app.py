@@ -30,6 +30,11 @@ Flow of one run (one portal job):
    utility(S) = the median over the sites of S's model's held-out accuracy (ADR 0024). The portal computes the
    Shapley values. A failure here is reported in the event and does not fail the run.
 
+Gradient-boosted trees (``model.kind == "xgboost"``, ADR 0023): the rounds carry the booster's
+bytes instead of weights, train replies hold each site's new trees and are bagged with Flower's
+``FedXgbBagging.aggregate_train`` (``frp_flwr.trees``); no coalition models are scored (bagged
+trees cannot be rebuilt per coalition), so the portal credits data volume.
+
 Polling: ``Grid.send_and_receive`` sleeps 3 s between pulls; this app pushes and pulls itself every
 ``poll-interval`` seconds (0.2 s by default).
 """
