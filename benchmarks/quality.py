@@ -355,7 +355,7 @@ def main(argv=None) -> int:
             superlink_env={KEY_ENV: master_text},
         )
         flwr_home = root / "flwr-control"
-        runtime.write_control_config(flwr_home, "local", state.superlink_address)
+        runtime.write_state_control_config(flwr_home, "local", state)  # TLS: its CA (issue 13)
         conn = superlink.Connection(
             flwr_home=flwr_home, federation="local", app_dir=ROOT / "federation" / "flwr_app"
         )

@@ -72,6 +72,8 @@ def trees_world(django_db_setup, django_db_blocker, live_server, tmp_path_factor
         live_server=live_server,
         django_db_blocker=django_db_blocker,
         csvs=_write_sites(root / "incoming"),
+        # 2 shared cores: a ClientApp importing XGBoost under other jobs' load may take minutes
+        env={"FRP_ROUND_TIMEOUT": "600"},
     ) as world:
         yield world
 
@@ -151,7 +153,8 @@ def outcome(trees_world, django_db_blocker):
             j = FederatedJob.objects.get(pk=pk)
             return j if j.is_terminal else None
 
-        job = wait_for(lambda: done(job.pk), timeout=600, what="the trees job to finish")
+        job = wait_for(lambda: done(job.pk), timeout=1200, what="the trees job to finish")
+        assert job.status == JobStatus.COMPLETED, (job.status_detail, job.failure_reason)
         scores = wait_for(
             lambda: list(ContributionScore.objects.filter(job=job)) or None,
             timeout=120,
