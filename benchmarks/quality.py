@@ -296,6 +296,9 @@ def main(argv=None) -> int:
     parser.add_argument("--local-epochs", type=int, default=5)
     parser.add_argument("--learning-rate", type=float, default=0.05)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
+    parser.add_argument(
+        "--round-timeout", type=float, default=600.0, help="seconds a site may take per message"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args(argv)
 
@@ -389,6 +392,7 @@ def main(argv=None) -> int:
                 learning_rate=args.learning_rate,
                 test_fraction=TEST_FRACTION,
                 split_seed=SPLIT_SEED,
+                round_timeout=args.round_timeout,
                 contribution=False,
             )
             t0 = time.monotonic()
