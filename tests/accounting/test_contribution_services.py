@@ -225,8 +225,8 @@ def test_tree_bagging_jobs_use_data_volume_by_training_examples():
     job = running_job(2)
     job.model = "xgboost"
     job.save(update_fields=["model"])
-    for rnd in (1, 2, 3):
-        sites = {"s0": {"ok": True, "train_examples": 12}, "s1": {"ok": True, "train_examples": 4}}
+    for rnd in (1, 2):
+        sites = {"s0": {"ok": True, "train_examples": 18}, "s1": {"ok": True, "train_examples": 6}}
         post(job, "round", round=rnd, sites=sites)
     job = finish(job)
 
