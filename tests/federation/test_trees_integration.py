@@ -10,7 +10,8 @@ SuperNodes, the live server's callback endpoint, the accounting steps.
 
 Checked against XGBoost itself on the pooled training rows with the same splits (each site's own
 held-out rows, drawn by the app's split rule) and the same hyper-parameters, boosted as many
-rounds as one site boosts in the run (rounds × local rounds): the federated pooled accuracy is at
+rounds as the federated booster has trees (rounds × sites × local rounds; with rounds × local
+rounds only, eta 0.1 left XGBoost at 0.83 on wine, under the federated 0.97): the federated pooled accuracy is at
 least 0.95 of the centralised one, less one held-out row. The job page names the contribution
 method (data volume) and says why; every site's contribution is a data-volume score.
 """
@@ -112,7 +113,9 @@ def _centralised(w, job) -> tuple[float, int]:
         trees.model_spec(MODEL), task="classification", num_classes=3, base_score=0.5, seed=1
     )
     booster = xgb.train(
-        params, xgb.DMatrix(X_train, label=y_train), num_boost_round=ROUNDS * MODEL["local_rounds"]
+        params,
+        xgb.DMatrix(X_train, label=y_train),
+        num_boost_round=ROUNDS * len(SITES) * MODEL["local_rounds"],
     )
     predicted = booster.predict(xgb.DMatrix(X_test)).argmax(axis=1)
     return float(accuracy_score(y_test, predicted)), len(y_test)
