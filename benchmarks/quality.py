@@ -23,12 +23,16 @@ For scikit-learn's bundled datasets — breast cancer (binary), wine (3 classes,
    splits (each site's own held-out rows, drawn by the app's split rule) and the same
    preprocessing, in scikit-learn: ``SimpleImputer(strategy="median", add_indicator=True)``,
    ``StandardScaler``, then ``LogisticRegression`` or ``LinearRegression``;
-   With ``--models linear,xgboost`` each dataset and split also runs gradient-boosted trees
-   (``XGBOOST_MODEL``, Flower's FedXgbBagging, ``frp_flwr.trees``) against XGBoost on the pooled
-   training rows (same hyper-parameters, rounds × sites × local rounds boosting rounds, missing cells
-   left to XGBoost);
-6. prints per dataset and split the pooled held-out accuracy (RMSE for diabetes) of both and the
-   ratio federated / centralised. Target on IID splits: accuracy ratio ≥ 0.98, RMSE ratio ≤ 1.05.
+6. prints per dataset, split, model and strategy (``--models linear,mlp,xgboost``,
+   ``--strategies fedavg,fedprox,fedadam,…``: one job per combination, each with Flower's default
+   parameters) the pooled held-out accuracy (RMSE for diabetes) of both and the ratio federated /
+   centralised (the centralised model of the same family: logistic / linear regression,
+   scikit-learn's MLP, or XGBoost on the pooled training rows), then the best federated
+   configuration per dataset and split. Target on IID splits: accuracy ratio ≥ 0.98, RMSE ratio
+   ≤ 1.05. Gradient-boosted trees (``xgboost``: ``XGBOOST_MODEL``, Flower's FedXgbBagging,
+   ``frp_flwr.trees``) run once per dataset and split whatever ``--strategies`` says (their
+   strategy is always FedXgbBagging), against XGBoost on the pooled training rows (same
+   hyper-parameters, rounds × sites × local rounds boosting rounds, missing cells left to XGBoost).
 
 Nothing is timed. Every process started here is stopped at the end; the temporary directory is
 removed unless ``--keep``.
@@ -59,6 +63,7 @@ sys.path.insert(0, str(ROOT / "federation" / "flwr_app"))
 
 from federation import runtime, superlink  # noqa: E402  (no Django)
 from frp_flwr import contract  # noqa: E402
+from frp_flwr.models import read_model_spec  # noqa: E402
 from frp_flwr.preprocess import site_frame  # noqa: E402
 from frp_flwr.signing import (  # noqa: E402
     KEY_ENV,
@@ -69,6 +74,7 @@ from frp_flwr.signing import (  # noqa: E402
     master_key_from_text,
     verify,
 )
+from frp_flwr.strategies import read_strategy_spec  # noqa: E402
 from sandbox.ingest import ingest_csv  # noqa: E402
 from sandbox.keyring import SiteKeyring  # noqa: E402
 from sandbox.loader import load_table  # noqa: E402
@@ -90,10 +96,15 @@ class Job:
     task: str
     features: list[str]
     versions: dict[str, int]
-    model: str = "linear"
+    model: dict = None  # frp_flwr.models spec; None: linear
+    strategy: dict = None  # frp_flwr.strategies spec; None: FedAvg
+
+    @property
+    def label(self) -> str:
+        return f"{(self.model or {}).get('kind', 'linear')}+{(self.strategy or {}).get('name', 'fedavg')}"
 
 
-#: The trees rows' hyper-parameters (``--models …,xgboost``; ``contract.XGBOOST_PARAMS``).
+#: The trees rows' hyper-parameters (``--models …,xgboost``; ``frp_flwr.models.XGBOOST_PARAMS``).
 XGBOOST_MODEL = {"kind": "xgboost", "local_rounds": 2, "max_depth": 3, "eta": 0.1}
 
 
@@ -219,12 +230,14 @@ class Events:
 def centralised(
     job: Job, tables: dict[str, dict], spec: contract.JobSpec, rounds: int = 0
 ) -> float:
-    """Pooled held-out accuracy (or RMSE) of the centralised model of the same family:
-    scikit-learn's linear model, or XGBoost with the trees rows' hyper-parameters boosted as many
-    rounds as the federated booster has trees (rounds × sites × local rounds)."""
+    """Pooled held-out accuracy (or RMSE) of the centralised model of the same family: logistic /
+    linear regression, ``MLPClassifier`` / ``MLPRegressor`` with the job's hidden layers and
+    activation (Adam, up to 2000 iterations), or XGBoost with the trees rows' hyper-parameters
+    boosted as many rounds as the federated booster has trees (rounds × sites × local rounds)."""
     from sklearn.impute import SimpleImputer
     from sklearn.linear_model import LinearRegression, LogisticRegression
     from sklearn.metrics import accuracy_score, mean_squared_error
+    from sklearn.neural_network import MLPClassifier, MLPRegressor
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
@@ -237,9 +250,18 @@ def centralised(
             parts[part][1].append(frame.y[rows])
     X_train, X_test = (np.vstack(parts[p][0]) for p in ("train", "test"))
     y_train, y_test = (np.concatenate(parts[p][1]) for p in ("train", "test"))
-    if job.model == "xgboost":
+    if (job.model or {}).get("kind") == "xgboost":
         return _centralised_trees(job, X_train, X_test, y_train, y_test, rounds)
     model = LinearRegression() if job.task == "regression" else LogisticRegression(max_iter=5000)
+    if (job.model or {}).get("kind") == "mlp":
+        mlp = {
+            "hidden_layer_sizes": tuple(job.model["hidden"]),
+            "activation": job.model["activation"],
+            "alpha": job.model["l2"],
+            "max_iter": 2000,
+            "random_state": 0,
+        }
+        model = MLPRegressor(**mlp) if job.task == "regression" else MLPClassifier(**mlp)
     pipeline = make_pipeline(
         SimpleImputer(strategy="median", add_indicator=True, keep_empty_features=True),
         StandardScaler(),
@@ -257,7 +279,7 @@ def _centralised_trees(job, X_train, X_test, y_train, y_test, rounds: int) -> fl
 
     from frp_flwr import trees
 
-    spec = trees.model_spec(XGBOOST_MODEL)
+    spec = trees.model_spec(job.model)
     boost = rounds * len(SITES) * int(spec["local_rounds"])  # as many trees as the federated run
     if job.task == "regression":
         mean, std = float(np.mean(y_train.astype(float))), float(np.std(y_train.astype(float)))
@@ -289,9 +311,6 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", default="breast_cancer,wine,digits,diabetes")
     parser.add_argument("--splits", default="iid,skew")
-    parser.add_argument(
-        "--models", default="linear", help="linear and/or xgboost (comma-separated)"
-    )
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--local-epochs", type=int, default=5)
     parser.add_argument("--learning-rate", type=float, default=0.05)
@@ -300,6 +319,16 @@ def main(argv=None) -> int:
         "--round-timeout", type=float, default=600.0, help="seconds a site may take per message"
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument(
+        "--models",
+        default="linear",
+        help="comma-separated: linear, mlp (hidden 32, ReLU), xgboost (XGBOOST_MODEL)",
+    )
+    parser.add_argument(
+        "--strategies",
+        default="fedavg",
+        help="comma-separated strategy names (frp_flwr.strategies.STRATEGIES), Flower defaults",
+    )
     args = parser.parse_args(argv)
 
     root = Path(tempfile.mkdtemp(prefix="frp-quality-"))
@@ -342,8 +371,23 @@ def main(argv=None) -> int:
                     )
                     tables.setdefault((name, split), {})[site] = table.data
                     del i
-                for model in args.models.split(","):
-                    jobs.append(Job(name, split, task, names, versions, model))
+                for kind in args.models.split(","):
+                    # trees are always bagged (FedXgbBagging): one job, whatever --strategies says
+                    strats = ["fedavg"] if kind == "xgboost" else args.strategies.split(",")
+                    for strat in strats:
+                        jobs.append(
+                            Job(
+                                name,
+                                split,
+                                task,
+                                names,
+                                versions,
+                                model=read_model_spec(
+                                    XGBOOST_MODEL if kind == "xgboost" else {"kind": kind}
+                                ),
+                                strategy=read_strategy_spec({"name": strat}),
+                            )
+                        )
 
         state = runtime.start(
             root / "federation",
@@ -364,6 +408,7 @@ def main(argv=None) -> int:
         )
 
         results = []
+        central_cache: dict[tuple, float] = {}
         for job_id, job in enumerate(jobs, start=1):
             slug = f"{job.dataset.replace('_', '-')}-{job.split}"
             spec = contract.JobSpec(
@@ -381,7 +426,8 @@ def main(argv=None) -> int:
                     contract.FeaturePlan(name=f, kind="numeric", missing="median", indicator=True)
                     for f in job.features
                 ],
-                model=XGBOOST_MODEL if job.model == "xgboost" else {"kind": "linear"},
+                model=job.model,
+                strategy=job.strategy,
             )
             cfg = contract.RunConfig(
                 job_id=job_id,
@@ -406,15 +452,23 @@ def main(argv=None) -> int:
             finished = events.of(job_id, contract.Finished)
             if not finished:
                 reasons = [e.reason for e in events.of(job_id, contract.Failed)]
-                print(f"{job.dataset} {job.split}: FAILED {reasons or 'timed out'}", flush=True)
+                print(
+                    f"{job.dataset} {job.split} {job.label}: FAILED {reasons or 'timed out'}",
+                    flush=True,
+                )
                 failed = True
                 continue
             metrics = finished[0].metrics
             fed = metrics.rmse if job.task == "regression" else metrics.accuracy
-            central = centralised(job, tables[(job.dataset, job.split)], spec, args.rounds)
+            key = (job.dataset, job.split, job.model["kind"])
+            if key not in central_cache:
+                central_cache[key] = centralised(
+                    job, tables[(job.dataset, job.split)], spec, args.rounds
+                )
+            central = central_cache[key]
             results.append((job, fed, central, finished[0].baseline, time.monotonic() - t0))
             print(
-                f"{job.dataset:>13} {job.split:>4} {job.model:>7}: federated {fed:.4f} "
+                f"{job.dataset:>13} {job.split:>4} {job.label:>20}: federated {fed:.4f} "
                 f"centralised {central:.4f}"
                 f" ({time.monotonic() - t0:.0f} s)",
                 flush=True,
@@ -440,7 +494,8 @@ def print_table(results, args) -> None:
         f"held-out {TEST_FRACTION:.0%} per site"
     )
     header = (
-        f"{'dataset':<14}{'split':<6}{'model':<9}{'metric':<10}{'federated':>10}{'central':>10}"
+        f"{'dataset':<14}{'split':<6}{'model+strategy':<22}{'metric':<10}{'federated':>10}"
+        f"{'central':>10}"
         f"{'ratio':>8}{'baseline':>10}  target"
     )
     print(header)
@@ -454,9 +509,30 @@ def print_table(results, args) -> None:
         else:
             verdict = "(reported)"
         print(
-            f"{job.dataset:<14}{job.split:<6}{job.model:<9}{'RMSE' if regression else 'accuracy':<10}"
+            f"{job.dataset:<14}{job.split:<6}{job.label:<22}{'RMSE' if regression else 'accuracy':<10}"
             f"{fed:>10.4f}{central:>10.4f}{ratio:>8.3f}"
             f"{(base.value if base and base.value is not None else float('nan')):>10.4f}  {verdict}"
+        )
+    print_best(results)
+
+
+def print_best(results) -> None:
+    """Per dataset and split: the best federated configuration against the best centralised
+    model of the families run (the issue's target on IID splits: within 0.98)."""
+    groups: dict[tuple[str, str], list] = {}
+    for row in results:
+        groups.setdefault((row[0].dataset, row[0].split), []).append(row)
+    print()
+    print("Best federated configuration against the best centralised model (same splits)")
+    for (dataset, split), rows in groups.items():
+        regression = rows[0][0].task == "regression"
+        pick = min if regression else max
+        best = pick(rows, key=lambda r: r[1])
+        central = pick(r[2] for r in rows)
+        ratio = best[1] / central if central else float("nan")
+        print(
+            f"{dataset:<14}{split:<6}best {best[0].label:<22}{best[1]:.4f} / {central:.4f} = "
+            f"{ratio:.3f}"
         )
 
 

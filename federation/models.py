@@ -346,12 +346,17 @@ class FederatedJob(models.Model):
         help_text="How the data were prepared, as the ServerApp reported it (contract.Preparation).",
     )
     model = models.CharField(max_length=32, default="logreg")
-    model_params = models.JSONField(
+    strategy = models.CharField(max_length=32, default="fedavg")
+    model_spec = models.JSONField(
         default=dict,
         blank=True,
-        help_text="The model's hyper-parameters (frp_flwr.contract.read_model_spec), e.g. XGBoost's.",
+        help_text="The model and its hyper-parameters (frp_flwr.models); empty: linear.",
     )
-    strategy = models.CharField(max_length=32, default="fedavg")
+    strategy_spec = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The strategy and its parameters (frp_flwr.strategies); empty: FedAvg.",
+    )
     num_rounds = models.PositiveIntegerField(default=5)
     local_epochs = models.PositiveIntegerField(default=5)
     learning_rate = models.FloatField(default=0.1)
@@ -377,6 +382,24 @@ class FederatedJob(models.Model):
     )
     final_metrics = models.JSONField(default=dict, blank=True)
     failure_reason = models.TextField(blank=True, help_text="Reason reported by the ServerApp.")
+    model_key = models.CharField(
+        max_length=200,
+        blank=True,
+        editable=False,
+        help_text="Object key of the final model in the model store (federation.artifacts); the "
+        "model itself is never in this row.",
+    )
+    resume_round = models.PositiveIntegerField(
+        default=0,
+        editable=False,
+        help_text="The round checkpoint the current run resumed from (0: a fresh run).",
+    )
+    earlier_runs = models.JSONField(
+        default=list,
+        blank=True,
+        editable=False,
+        help_text="Flower run ids this job ran under before it was resumed (oldest first).",
+    )
 
     # Scheduling request and the scheduler's latest word (``federation.admission``).
     policy = models.CharField(
@@ -417,6 +440,39 @@ class FederatedJob(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.title}"
+
+    @property
+    def model_description(self) -> str:
+        """The model and its hyper-parameters in one line (``frp_flwr.models.describe_model``)."""
+        from frp_flwr.models import describe_model
+
+        return describe_model(self.model_spec or {"kind": "linear"}, task=self.task)
+
+    @property
+    def strategy_description(self) -> str:
+        """The strategy and its parameters in one line (``strategies.describe_strategy``)."""
+        from frp_flwr.strategies import describe_strategy
+
+        if self.is_trees:
+            return "FedXgbBagging (every site's new trees appended each round)"
+        return describe_strategy(self.strategy_spec or {"name": "fedavg"})
+
+    @property
+    def contribution_reconstruction(self) -> str:
+        """How the contribution's coalition models are rebuilt under this job's strategy."""
+        from frp_flwr.strategies import reconstruction_note
+
+        if self.is_trees:
+            return (
+                "None: bagged trees cannot be rebuilt per coalition, so sites are credited by "
+                "data volume (training examples, ADR 0023)."
+            )
+        return reconstruction_note(self.strategy_spec or {"name": "fedavg"})
+
+    @property
+    def is_trees(self) -> bool:
+        """The job trains gradient-boosted trees (``model_spec.kind == "xgboost"``)."""
+        return (self.model_spec or {}).get("kind") == "xgboost"
 
     @property
     def is_terminal(self) -> bool:

@@ -18,7 +18,8 @@ from sklearn.datasets import load_breast_cancer, load_iris
 from sklearn.metrics import accuracy_score
 
 from frp_flwr import trees
-from frp_flwr.contract import XGBOOST_PARAMS, ContractError, JobSpec, read_model_spec
+from frp_flwr.contract import ContractError, JobSpec, read_model_choice
+from frp_flwr.models import XGBOOST_PARAMS, model_for
 
 SITES = 3
 
@@ -33,7 +34,7 @@ def _serverapp_identity(monkeypatch):
 
 
 def _spec(model: dict) -> dict:
-    return read_model_spec({"kind": "xgboost", **model}, "model")
+    return read_model_choice({"kind": "xgboost", **model}, "model")
 
 
 def _params(task="classification", classes=3, **model) -> dict:
@@ -206,8 +207,16 @@ def test_model_spec_refuses_bad_hyper_parameters(model, message):
 
 def test_model_spec_refuses_an_unknown_kind():
     with pytest.raises(ContractError, match="model.kind: 'forest' is not one of"):
-        read_model_spec({"kind": "forest"}, "model")
+        read_model_choice({"kind": "forest"}, "model")
 
 
 def _pointer() -> dict:
     return {"store_key": "k", "dataset": "d", "version": 1}
+
+
+def test_xgboost_is_a_kind_of_the_model_registry_with_an_empty_booster_to_start():
+    model = model_for(_spec({"max_depth": 2}))
+    assert model.kind == "xgboost" and model.spec["max_depth"] == 2
+    (start,) = model.init_params(7, 3, seed=1)
+    assert start.dtype == np.uint8 and start.size == 0
+    assert trees.tree_count(start.tobytes()) == 0

@@ -144,7 +144,7 @@ def outcome(trees_world, django_db_blocker):
         data = _post_data(
             form_page,
             num_rounds=ROUNDS,
-            model="xgboost",
+            model_kind="xgboost",
             **{f"xgb_{k}": v for k, v in MODEL.items()},
         )
         data.pop("refresh", None)
@@ -178,7 +178,7 @@ def test_the_form_offers_trees_with_their_hyper_parameters(outcome):
 def test_trees_train_to_within_target_of_xgboost_on_the_pooled_rows(outcome):
     job, _, _, _, centralised, test_rows = outcome
     assert job.status == JobStatus.COMPLETED, job.status_detail
-    assert job.model == "xgboost" and job.model_params["max_depth"] == 3
+    assert job.model == "xgboost" and job.model_spec["max_depth"] == 3
     federated = job.final_metrics["metrics"]["accuracy"]
     print(f"\nwine trees: federated {federated:.4f} centralised xgboost {centralised:.4f}")
     assert centralised > 0.85

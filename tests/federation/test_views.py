@@ -831,13 +831,14 @@ def test_callback_body_over_the_limit_is_413(anon, running_job):
 def test_job_form_submits_xgboost_with_its_hyper_parameters(pi_client, world, fake_superlink):
     response = pi_client.post(
         "/jobs/new/",
-        _form_data(world, model="xgboost", xgb_max_depth=4, xgb_eta=0.1, xgb_local_rounds=2),
+        _form_data(world, model_kind="xgboost", xgb_max_depth=4, xgb_eta=0.1, xgb_local_rounds=2),
     )
 
     assert response.status_code == 302
     job = FederatedJob.objects.get()
     assert job.model == "xgboost"
-    assert job.model_params == {
+    assert job.model_spec == {
+        "kind": "xgboost",
         "local_rounds": 2,
         "max_depth": 4,
         "eta": 0.1,
@@ -849,7 +850,9 @@ def test_job_form_submits_xgboost_with_its_hyper_parameters(pi_client, world, fa
 
 
 def test_job_form_bad_tree_depth_shows_error_inline(pi_client, world):
-    response = pi_client.post("/jobs/new/", _form_data(world, model="xgboost", xgb_max_depth=40))
+    response = pi_client.post(
+        "/jobs/new/", _form_data(world, model_kind="xgboost", xgb_max_depth=40)
+    )
 
     assert response.status_code == 200
     block = _field_block(response.content.decode(), "id_xgb_max_depth")

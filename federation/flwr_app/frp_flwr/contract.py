@@ -278,63 +278,33 @@ class FeaturePlan(_Record):
         return plan
 
 
+def read_model_choice(value: Any, where: str = "model") -> dict:
+    """A job's ``model`` object, complete (``frp_flwr.models.read_model_spec``). Raises
+    ``ContractError`` naming the field."""
+    from frp_flwr.models import ModelSpecError, read_model_spec
+
+    try:
+        return read_model_spec(value, where)
+    except ModelSpecError as exc:
+        raise ContractError(str(exc)) from None
+
+
+def read_strategy_choice(value: Any, where: str = "strategy") -> dict:
+    """A job's ``strategy`` object, complete (``frp_flwr.strategies.read_strategy_spec``).
+    Raises ``ContractError`` naming the field."""
+    from frp_flwr.strategies import StrategySpecError, read_strategy_spec
+
+    try:
+        return read_strategy_spec(value, where)
+    except StrategySpecError as exc:
+        raise ContractError(str(exc)) from None
+
+
 def _choice(value: Any, where: str, choices) -> str:
     text = read_str(value, where, max_len=40)
     if text not in choices:
         raise ContractError(f"{where}: {text[:40]!r} is not one of {', '.join(choices)}")
     return text
-
-
-#: The model kinds a job may train (``JobSpec.model["kind"]``); a spec without ``model`` is linear
-#: (softmax / linear regression, ``frp_flwr.task``).
-MODEL_KINDS = ("linear", "mlp", "xgboost")
-
-#: XGBoost's hyper-parameters a job may set (``frp_flwr.trees``): name → (type, default, lo, hi).
-#: ``local_rounds``: boosting rounds each site adds per federated round (every one of its trees is
-#: bagged into the global booster); ``eta``: learning rate (shrinkage); ``subsample`` and
-#: ``colsample_bytree``: the share of rows / columns each tree samples; ``min_child_weight``: the
-#: least Hessian sum in a leaf; ``reg_lambda``: L2 penalty on leaf weights. XGBoost's meanings:
-#: https://xgboost.readthedocs.io/en/stable/parameter.html
-XGBOOST_PARAMS: dict[str, tuple[type, float, float, float]] = {
-    "local_rounds": (int, 1, 1, 50),
-    "max_depth": (int, 6, 1, 12),
-    "eta": (float, 0.3, 1e-4, 1.0),
-    "subsample": (float, 1.0, 0.05, 1.0),
-    "colsample_bytree": (float, 1.0, 0.05, 1.0),
-    "min_child_weight": (float, 1.0, 0.0, 1e6),
-    "reg_lambda": (float, 1.0, 0.0, 1e6),
-}
-
-
-def read_model_spec(value: Any, where: str) -> dict:
-    """``JobSpec.model``: ``{"kind": MODEL_KINDS, …hyper-parameters}``.
-
-    For ``xgboost`` every key must be one of :data:`XGBOOST_PARAMS`, of its type and in its range;
-    absent ones get their defaults (so the returned dict is complete). Other kinds' parameters are
-    plain JSON values (their own modules check them). Raises ``ContractError`` naming the field.
-    """
-    raw = read_map(value, where, max_items=64)
-    kind = _choice(raw.get("kind", "linear"), f"{where}.kind", MODEL_KINDS)
-    if kind != "xgboost":
-        return {
-            "kind": kind,
-            **read_json_tree({k: v for k, v in raw.items() if k != "kind"}, where),
-        }
-    unknown = sorted(set(raw) - set(XGBOOST_PARAMS) - {"kind"})
-    if unknown:
-        raise ContractError(
-            f"{where}: unknown xgboost parameter(s) {', '.join(map(repr, unknown))}"
-        )
-    out: dict = {"kind": kind}
-    for name, (kind_of, default, lo, hi) in XGBOOST_PARAMS.items():
-        w = f"{where}.{name}"
-        if name not in raw:
-            out[name] = default
-        elif kind_of is int:
-            out[name] = read_int(raw[name], w, lo=int(lo), hi=int(hi))
-        else:
-            out[name] = read_float(raw[name], w, lo=lo, hi=hi)
-    return out
 
 
 @dataclass(frozen=True)
@@ -346,9 +316,11 @@ class JobSpec(_Record):
     ``classification`` (softmax regression) or ``regression`` (linear regression). ``plans``: how
     each feature is encoded and its missing cells handled (``FeaturePlan``; a feature without a
     plan is numeric with median imputation). ``small_count``: categories held by at most this
-    many rows at a site are merged into "other" there. ``model``: what is trained
-    (:func:`read_model_spec`: ``{"kind": "linear"|"mlp"|"xgboost", …hyper-parameters}``; absent
-    in older specs, which means linear).
+    many rows at a site are merged into "other" there. ``model``: ``{"kind":
+    "linear"|"mlp"|"xgboost", …hyper-parameters}`` (``frp_flwr.models.read_model_spec``);
+    ``strategy``: ``{"name": "fedavg"|"fedprox"|…, …params}``
+    (``frp_flwr.strategies.read_strategy_spec``; an ``xgboost`` model is always bagged with
+    Flower's FedXgbBagging, ``frp_flwr.trees``); a spec without them means linear + FedAvg.
     """
 
     sites: dict[str, SitePointer]
@@ -359,6 +331,7 @@ class JobSpec(_Record):
     plans: list[FeaturePlan] = field(default_factory=list)
     small_count: int = SMALL_COUNT
     model: dict = field(default_factory=lambda: {"kind": "linear"})
+    strategy: dict = field(default_factory=lambda: {"name": "fedavg"})
 
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
@@ -386,7 +359,8 @@ class JobSpec(_Record):
                         for i, p in enumerate(read_list(v, w, max_items=10_000))
                     ],
                     "small_count": lambda v, w: read_int(v, w, lo=0, hi=1_000_000),
-                    "model": read_model_spec,
+                    "model": read_model_choice,
+                    "strategy": read_strategy_choice,
                 },
             )
         )
@@ -430,7 +404,10 @@ class RunConfig:
     site's rows held out for evaluation (0 < f < 1). ``reply-log``: a file on the SuperLink's host
     where the ServerApp appends every reply it receives (empty: off). ``launch-nonce``: the
     portal's idempotency key of this launch, recorded on the job before the run is started, so the
-    portal finds a run it already started (not a secret: every site sees it).
+    portal finds a run it already started (not a secret: every site sees it). ``resume-round``:
+    ``0`` for a fresh run; ``k > 0`` resumes the job from its checkpoint after round ``k``
+    (``frp_flwr.checkpoints``; the checkpoint is read from the store named by the ServerApp host's
+    environment, so the key is a round number, not a secret).
     """
 
     job_id: int = 0
@@ -448,6 +425,7 @@ class RunConfig:
     contribution: bool = True
     reply_log: str = ""
     launch_nonce: str = ""
+    resume_round: int = 0
 
     _READERS: ClassVar[dict] = {
         "job_id": lambda v, w: read_int(v, w, lo=0, hi=MAX_COUNT),
@@ -465,6 +443,7 @@ class RunConfig:
         "contribution": read_bool,
         "reply_log": lambda v, w: read_str(v, w, max_len=4096),
         "launch_nonce": lambda v, w: read_str(v, w, max_len=64),
+        "resume_round": lambda v, w: read_int(v, w, lo=0, hi=MAX_ROUNDS),
     }
 
     @classmethod

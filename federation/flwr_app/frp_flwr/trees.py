@@ -35,7 +35,8 @@ from collections.abc import Iterable
 import numpy as np
 from flwr.app import ArrayRecord, Message
 
-from frp_flwr.contract import XGBOOST_PARAMS, ContractError
+from frp_flwr.contract import ContractError
+from frp_flwr.models import XGBOOST_PARAMS
 
 #: The booster's bytes most a reply or the global model may hold (JSON, bytes).
 MAX_BOOSTER_BYTES = 64 * 1024 * 1024
@@ -138,7 +139,7 @@ def pack_trees(booster, start: int) -> bytes:
 
 
 def xgb_params(model: dict, *, task: str, num_classes: int, base_score: float, seed: int) -> dict:
-    """XGBoost's parameters for a job's ``model`` spec (``contract.read_model_spec``, kind
+    """XGBoost's parameters for a job's ``model`` spec (``frp_flwr.models.read_model_spec``, kind
     ``xgboost``): objective by task and class count (module docstring), ``hist`` trees, the
     job's hyper-parameters, ``base_score`` (probability for binary, standardised target for
     regression), one thread (a site's allocated cores are the SuperNode's, not this process's)."""
