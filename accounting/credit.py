@@ -147,7 +147,8 @@ PI_ROLES = ("project-administration", "supervision")
 SHARE_BASIS = {
     "exact": "exact Shapley value over the whole run",
     "gtg": "GTG-Shapley value over the whole run",
-    "data_volume": "data volume, as secure aggregation hides individual updates",
+    "data_volume": "data volume (training examples), as no coalition model could be rebuilt "
+    "(secure aggregation hides individual updates; bagged trees, ADR 0023)",
     "pi": "set by the principal investigator",
 }
 SHARE_BASIS_ORDER = ("exact", "gtg", "data_volume", "pi")

@@ -85,7 +85,7 @@ class ContributionMethod(models.TextChoices):
     EXACT = "exact", "Exact Shapley"
     GTG = "gtg", "GTG-Shapley"
     LOO = "loo", "Leave-one-out"
-    DATA_VOLUME = "data_volume", "Data volume (secure aggregation)"
+    DATA_VOLUME = "data_volume", "Data volume"
 
 
 class ContributionScore(models.Model):
@@ -291,7 +291,7 @@ class ShareMethod(models.TextChoices):
     NONE = "", "—"
     EXACT = "exact", "Exact Shapley"
     GTG = "gtg", "GTG-Shapley"
-    DATA_VOLUME = "data_volume", "Data volume (secure aggregation)"
+    DATA_VOLUME = "data_volume", "Data volume"
     PI = "pi", "Set by the PI"
 
 

@@ -23,13 +23,17 @@ For scikit-learn's bundled datasets — breast cancer (binary), wine (3 classes,
    splits (each site's own held-out rows, drawn by the app's split rule) and the same
    preprocessing, in scikit-learn: ``SimpleImputer(strategy="median", add_indicator=True)``,
    ``StandardScaler``, then ``LogisticRegression`` with the app's L2 penalty
-   (``C = 1 / (L2_PENALTY · n_train)``, ``frp_flwr.task.centralised_c``) or ``LinearRegression``
-   (scikit-learn's MLP for ``mlp`` jobs);
-6. prints per dataset, split, model and strategy (``--models linear,mlp``, ``--strategies
-   fedavg,fedprox,fedadam,…``: one job per combination, each with Flower's default parameters)
-   the pooled held-out accuracy (RMSE for diabetes) of both and the ratio federated /
-   centralised, then the best federated configuration per dataset and split. Target on
-   IID splits: accuracy ratio ≥ 0.98, RMSE ratio ≤ 1.05.
+   (``C = 1 / (L2_PENALTY · n_train)``, ``frp_flwr.task.centralised_c``) or ``LinearRegression``;
+6. prints per dataset, split, model and strategy (``--models linear,mlp,xgboost``,
+   ``--strategies fedavg,fedprox,fedadam,…``: one job per combination, each with Flower's default
+   parameters) the pooled held-out accuracy (RMSE for diabetes) of both and the ratio federated /
+   centralised (the centralised model of the same family: logistic / linear regression,
+   scikit-learn's MLP, or XGBoost on the pooled training rows), then the best federated
+   configuration per dataset and split. Target on IID splits: accuracy ratio ≥ 0.98, RMSE ratio
+   ≤ 1.05. Gradient-boosted trees (``xgboost``: ``XGBOOST_MODEL``, Flower's FedXgbBagging,
+   ``frp_flwr.trees``) run once per dataset and split whatever ``--strategies`` says (their
+   strategy is always FedXgbBagging), against XGBoost on the pooled training rows (same
+   hyper-parameters, rounds × sites × local rounds boosting rounds, missing cells left to XGBoost).
 
 Nothing is timed. Every process started here is stopped at the end; the temporary directory is
 removed unless ``--keep``.
@@ -100,6 +104,10 @@ class Job:
     @property
     def label(self) -> str:
         return f"{(self.model or {}).get('kind', 'linear')}+{(self.strategy or {}).get('name', 'fedavg')}"
+
+
+#: The trees rows' hyper-parameters (``--models …,xgboost``; ``frp_flwr.models.XGBOOST_PARAMS``).
+XGBOOST_MODEL = {"kind": "xgboost", "local_rounds": 2, "max_depth": 3, "eta": 0.1}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,10 +229,13 @@ class Events:
 # ---------------------------------------------------------------------------------------------
 
 
-def centralised(job: Job, tables: dict[str, dict], spec: contract.JobSpec) -> float:
-    """Pooled held-out accuracy (or RMSE) of scikit-learn's model of the same family: logistic /
-    linear regression, or ``MLPClassifier`` / ``MLPRegressor`` with the job's hidden layers and
-    activation (Adam, up to 2000 iterations)."""
+def centralised(
+    job: Job, tables: dict[str, dict], spec: contract.JobSpec, rounds: int = 0
+) -> float:
+    """Pooled held-out accuracy (or RMSE) of the centralised model of the same family: logistic /
+    linear regression, ``MLPClassifier`` / ``MLPRegressor`` with the job's hidden layers and
+    activation (Adam, up to 2000 iterations), or XGBoost with the trees rows' hyper-parameters
+    boosted as many rounds as the federated booster has trees (rounds × sites × local rounds)."""
     from sklearn.impute import SimpleImputer
     from sklearn.linear_model import LinearRegression, LogisticRegression
     from sklearn.metrics import accuracy_score, mean_squared_error
@@ -241,6 +252,8 @@ def centralised(job: Job, tables: dict[str, dict], spec: contract.JobSpec) -> fl
             parts[part][1].append(frame.y[rows])
     X_train, X_test = (np.vstack(parts[p][0]) for p in ("train", "test"))
     y_train, y_test = (np.concatenate(parts[p][1]) for p in ("train", "test"))
+    if (job.model or {}).get("kind") == "xgboost":
+        return _centralised_trees(job, X_train, X_test, y_train, y_test, rounds)
     # The same objective as the app's training: its L2 penalty as scikit-learn's C.
     model = (
         LinearRegression()
@@ -268,6 +281,34 @@ def centralised(job: Job, tables: dict[str, dict], spec: contract.JobSpec) -> fl
     return float(accuracy_score(y_test.astype(str), pipeline.predict(X_test)))
 
 
+def _centralised_trees(job, X_train, X_test, y_train, y_test, rounds: int) -> float:
+    import xgboost as xgb
+
+    from frp_flwr import trees
+
+    spec = trees.model_spec(job.model)
+    boost = rounds * len(SITES) * int(spec["local_rounds"])  # as many trees as the federated run
+    if job.task == "regression":
+        mean, std = float(np.mean(y_train.astype(float))), float(np.std(y_train.astype(float)))
+        params = trees.xgb_params(spec, task="regression", num_classes=0, base_score=0, seed=1)
+        y = (y_train.astype(float) - mean) / std
+        booster = xgb.train(params, xgb.DMatrix(X_train, label=y), num_boost_round=boost)
+        pred = booster.predict(xgb.DMatrix(X_test)) * std + mean
+        return float(np.sqrt(np.mean(np.square(pred - y_test.astype(float)))))
+    keys = sorted({str(v) for v in y_train})
+    index = {k: i for i, k in enumerate(keys)}
+    y = np.array([index[str(v)] for v in y_train])
+    share = float(np.mean(y == 1)) if len(keys) == 2 else 0.5
+    params = trees.xgb_params(
+        spec, task="classification", num_classes=len(keys), base_score=share, seed=1
+    )
+    booster = xgb.train(params, xgb.DMatrix(X_train, label=y), num_boost_round=boost)
+    proba = booster.predict(xgb.DMatrix(X_test))  # NaN: XGBoost's own missing
+    pred = (proba > 0.5).astype(int) if proba.ndim == 1 else proba.argmax(axis=1)
+    truth = np.array([index.get(str(v), -1) for v in y_test])
+    return float(np.mean(pred == truth))
+
+
 # ---------------------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------------------
@@ -281,9 +322,14 @@ def main(argv=None) -> int:
     parser.add_argument("--local-epochs", type=int, default=5)
     parser.add_argument("--learning-rate", type=float, default=0.05)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
+    parser.add_argument(
+        "--round-timeout", type=float, default=600.0, help="seconds a site may take per message"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     parser.add_argument(
-        "--models", default="linear", help="comma-separated: linear, mlp (hidden 32, ReLU)"
+        "--models",
+        default="linear",
+        help="comma-separated: linear, mlp (hidden 32, ReLU), xgboost (XGBOOST_MODEL)",
     )
     parser.add_argument(
         "--strategies",
@@ -333,7 +379,9 @@ def main(argv=None) -> int:
                     tables.setdefault((name, split), {})[site] = table.data
                     del i
                 for kind in args.models.split(","):
-                    for strat in args.strategies.split(","):
+                    # trees are always bagged (FedXgbBagging): one job, whatever --strategies says
+                    strats = ["fedavg"] if kind == "xgboost" else args.strategies.split(",")
+                    for strat in strats:
                         jobs.append(
                             Job(
                                 name,
@@ -341,7 +389,9 @@ def main(argv=None) -> int:
                                 task,
                                 names,
                                 versions,
-                                model=read_model_spec({"kind": kind}),
+                                model=read_model_spec(
+                                    XGBOOST_MODEL if kind == "xgboost" else {"kind": kind}
+                                ),
                                 strategy=read_strategy_spec({"name": strat}),
                             )
                         )
@@ -359,7 +409,7 @@ def main(argv=None) -> int:
             superlink_env={KEY_ENV: master_text},
         )
         flwr_home = root / "flwr-control"
-        runtime.write_state_control_config(flwr_home, "local", state)
+        runtime.write_state_control_config(flwr_home, "local", state)  # TLS: its CA (issue 13)
         conn = superlink.Connection(
             flwr_home=flwr_home, federation="local", app_dir=ROOT / "federation" / "flwr_app"
         )
@@ -395,6 +445,7 @@ def main(argv=None) -> int:
                 learning_rate=args.learning_rate,
                 test_fraction=TEST_FRACTION,
                 split_seed=SPLIT_SEED,
+                round_timeout=args.round_timeout,
                 contribution=False,
             )
             t0 = time.monotonic()
@@ -418,7 +469,9 @@ def main(argv=None) -> int:
             fed = metrics.rmse if job.task == "regression" else metrics.accuracy
             key = (job.dataset, job.split, job.model["kind"])
             if key not in central_cache:
-                central_cache[key] = centralised(job, tables[(job.dataset, job.split)], spec)
+                central_cache[key] = centralised(
+                    job, tables[(job.dataset, job.split)], spec, args.rounds
+                )
             central = central_cache[key]
             results.append((job, fed, central, finished[0].baseline, time.monotonic() - t0))
             print(

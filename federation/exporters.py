@@ -182,3 +182,17 @@ def linear_pipeline(model: ExportInput):
             head.intercept_ = b.copy()
         head.classes_ = np.array(classes, dtype=object)
     return Pipeline([("preprocess", columns), ("standardise", scaler), ("model", head)])
+
+
+#: Why a gradient-boosted trees job has no downloadable model yet (shown on the card and page).
+TREES_NOT_EXPORTABLE = (
+    "gradient-boosted trees (XGBoost) are not exportable yet: the ServerApp keeps the bagged "
+    "booster and reports its metrics only (its JSON is larger than a callback event may be)"
+)
+
+
+@register_exporter("xgboost")
+def trees_not_exportable(model: ExportInput):
+    """Gradient-boosted trees (``frp_flwr.trees``): no estimator yet. Always raises
+    ``ExportError`` with :data:`TREES_NOT_EXPORTABLE` (the model card says so; no 500)."""
+    raise ExportError(TREES_NOT_EXPORTABLE)

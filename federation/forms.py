@@ -8,7 +8,7 @@ from django import forms
 
 from federation import columns as job_columns
 from frp_flwr.contract import FEATURE_KINDS, MISSING_RULES, RULES_FOR_KIND, FeaturePlan
-from frp_flwr.models import MLP_DEFAULTS, ModelSpecError, read_model_spec
+from frp_flwr.models import MLP_DEFAULTS, XGBOOST_PARAMS, ModelSpecError, read_model_spec
 from frp_flwr.strategies import LABELS, STRATEGIES, StrategySpecError, read_strategy_spec
 from portal.selectors import projects_for_user
 from sandbox.selectors import stewarded_institution_ids, usable_versions
@@ -74,11 +74,16 @@ class JobSubmitForm(forms.Form):
         choices=[
             ("linear", "Logistic / linear regression"),
             ("mlp", "Multilayer perceptron (MLP)"),
+            ("xgboost", "Gradient-boosted trees (XGBoost, bagged)"),
         ],
         initial="linear",
         required=False,
         help_text="Logistic regression (linear regression for a numeric target) is convex and "
-        "needs few rounds; an MLP learns non-linear effects and needs more rounds and data.",
+        "needs few rounds; an MLP learns non-linear effects and needs more rounds and data; "
+        "gradient-boosted trees: every round each site adds boosting rounds on top of the global "
+        "trees and the portal appends every site's new trees (Flower's FedXgbBagging, whatever "
+        "the strategy below). Trees are credited by data volume, not Shapley value (coalition "
+        "models cannot be rebuilt from bagged trees, ADR 0023).",
     )
     mlp_hidden = forms.CharField(
         label="MLP hidden layers",
@@ -100,6 +105,65 @@ class JobSubmitForm(forms.Form):
         initial=0.0,
         help_text="Share of hidden units dropped at random while training (0 to 0.9); 0: none.",
     )
+    # XGBoost's hyper-parameters (frp_flwr.models.XGBOOST_PARAMS has the same ranges).
+    xgb_local_rounds = forms.IntegerField(
+        min_value=1,
+        max_value=50,
+        initial=1,
+        required=False,
+        label="Local boosting rounds",
+        help_text="Trees each site adds per round (so a job grows rounds × sites × this many).",
+    )
+    xgb_max_depth = forms.IntegerField(
+        min_value=1,
+        max_value=12,
+        initial=6,
+        required=False,
+        label="Max depth",
+        help_text="Deepest split of a tree; deeper trees fit more, and overfit sooner.",
+    )
+    xgb_eta = forms.FloatField(
+        min_value=1e-4,
+        max_value=1.0,
+        initial=0.3,
+        required=False,
+        label="Learning rate (eta)",
+        help_text="Shrinkage of each tree's output; with several sites adding trees each round, "
+        "a smaller eta (0.1) keeps their sum from overshooting.",
+    )
+    xgb_subsample = forms.FloatField(
+        min_value=0.05,
+        max_value=1.0,
+        initial=1.0,
+        required=False,
+        label="Row subsample",
+        help_text="Share of a site's rows each tree is grown on.",
+    )
+    xgb_colsample_bytree = forms.FloatField(
+        min_value=0.05,
+        max_value=1.0,
+        initial=1.0,
+        required=False,
+        label="Column subsample",
+        help_text="Share of the features each tree may split on.",
+    )
+    xgb_min_child_weight = forms.FloatField(
+        min_value=0.0,
+        max_value=1e6,
+        initial=1.0,
+        required=False,
+        label="Min child weight",
+        help_text="Least Hessian sum in a leaf (about the rows in it, for squared error).",
+    )
+    xgb_reg_lambda = forms.FloatField(
+        min_value=0.0,
+        max_value=1e6,
+        initial=1.0,
+        required=False,
+        label="L2 penalty (lambda)",
+        help_text="L2 regularisation of the leaf weights.",
+    )
+
     strategy_name = forms.ChoiceField(
         label="Strategy",
         choices=[(k, LABELS[k]) for k in STRATEGIES],
@@ -164,6 +228,7 @@ class JobSubmitForm(forms.Form):
         "model.hidden": "mlp_hidden",
         "model.activation": "mlp_activation",
         "model.dropout": "mlp_dropout",
+        **{f"model.{name}": f"xgb_{name}" for name in XGBOOST_PARAMS},
         "strategy.name": "strategy_name",
         "strategy.mu": "fedprox_mu",
         "strategy.eta_l": "server_eta_l",
@@ -370,6 +435,10 @@ class JobSubmitForm(forms.Form):
             field, message[:1].upper() + message[1:] + ("" if message.endswith(".") else ".")
         )
 
+    def xgboost_fields(self) -> list:
+        """The bound fields of XGBoost's hyper-parameters (the template's trees fieldset)."""
+        return [self[f"xgb_{name}"] for name in XGBOOST_PARAMS]
+
     def model_choice(self) -> dict | None:
         """The model spec from the model fields (``frp_flwr.models``); ``None`` (and inline
         errors) when a value does not fit."""
@@ -387,6 +456,14 @@ class JobSubmitForm(forms.Form):
             raw["activation"] = self.cleaned_data.get("mlp_activation") or "relu"
             dropout = self.cleaned_data.get("mlp_dropout")
             raw["dropout"] = MLP_DEFAULTS["dropout"] if dropout is None else dropout
+        elif kind == "xgboost":  # an empty hyper-parameter field takes its default
+            raw.update(
+                {
+                    name: self.cleaned_data[f"xgb_{name}"]
+                    for name in XGBOOST_PARAMS
+                    if self.cleaned_data.get(f"xgb_{name}") is not None
+                }
+            )
         try:
             return read_model_spec(raw)
         except ModelSpecError as exc:

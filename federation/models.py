@@ -463,6 +463,8 @@ class FederatedJob(models.Model):
         """The strategy and its parameters in one line (``strategies.describe_strategy``)."""
         from frp_flwr.strategies import describe_strategy
 
+        if self.is_trees:
+            return "FedXgbBagging (every site's new trees appended each round)"
         return describe_strategy(self.strategy_spec or {"name": "fedavg"})
 
     @property
@@ -470,7 +472,17 @@ class FederatedJob(models.Model):
         """How the contribution's coalition models are rebuilt under this job's strategy."""
         from frp_flwr.strategies import reconstruction_note
 
+        if self.is_trees:
+            return (
+                "None: bagged trees cannot be rebuilt per coalition, so sites are credited by "
+                "data volume (training examples, ADR 0023)."
+            )
         return reconstruction_note(self.strategy_spec or {"name": "fedavg"})
+
+    @property
+    def is_trees(self) -> bool:
+        """The job trains gradient-boosted trees (``model_spec.kind == "xgboost"``)."""
+        return (self.model_spec or {}).get("kind") == "xgboost"
 
     @property
     def is_terminal(self) -> bool:

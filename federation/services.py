@@ -175,6 +175,16 @@ def _validate_training(model: dict | None, strategy: dict | None, *, sites: int)
     problem = krum_problem(strategy_spec, sites)
     if problem:
         raise JobError("strategy", {"strategy_name": [problem]})
+    if model_spec["kind"] == "xgboost" and strategy_spec != {"name": "fedavg"}:
+        raise JobError(
+            "strategy",
+            {
+                "strategy_name": [
+                    "Gradient-boosted trees are combined by Flower's FedXgbBagging (every site's "
+                    "new trees appended); keep the strategy at FedAvg."
+                ]
+            },
+        )
     return model_spec, strategy_spec
 
 
@@ -209,10 +219,12 @@ def job_submit(
     per site (the same request at every site). The run time is estimated here
     (``admission.duration_estimate``).
 
-    ``model`` (``{"kind": "linear"|"mlp", …}``) and ``strategy`` (``{"name": "fedavg"|…, …}``):
-    validated by the contract (``frp_flwr.models`` / ``frp_flwr.strategies``) and stored complete;
-    ``None`` means linear + FedAvg. Krum's ``num_malicious_nodes`` must leave more than
-    ``2f + 2`` sites. A bad value raises ``JobError`` on ``model_kind`` or ``strategy_name``.
+    ``model`` (``{"kind": "linear"|"mlp"|"xgboost", …}``) and ``strategy`` (``{"name":
+    "fedavg"|…, …}``): validated by the contract (``frp_flwr.models`` / ``frp_flwr.strategies``)
+    and stored complete (``job.model`` is the kind, ``job.model_spec`` the spec); ``None`` means
+    linear + FedAvg. Krum's ``num_malicious_nodes`` must leave more than ``2f + 2`` sites; an
+    ``xgboost`` model is bagged with Flower's FedXgbBagging, so its strategy must be the default
+    (FedAvg). A bad value raises ``JobError`` on ``model_kind`` or ``strategy_name``.
 
     ``privacy`` (optional): the ``frp_flwr.contract.Privacy`` dict (``dp`` off when absent). With
     dp on, the job's ε is computed (``federation.privacy_budget``) and stored on the job and in a
@@ -254,6 +266,17 @@ def job_submit(
     if cap is not None and cap <= 0:
         raise JobError("budget cap", {"budget_cap": ["A budget cap must be above zero."]})
     privacy_settings, epsilon = _privacy_check(project, versions, privacy, num_rounds)
+    if privacy_settings and model_spec.get("kind") == "xgboost":
+        raise JobError(
+            "differential privacy with trees",
+            {
+                "dp": [
+                    "Differential privacy clips and noises weight updates; gradient-boosted "
+                    "trees send trees, so it cannot protect them. Turn it off or choose the "
+                    "linear model or the MLP."
+                ]
+            },
+        )
     job = FederatedJob.objects.create(
         project=project,
         submitted_by=by,

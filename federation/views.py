@@ -14,7 +14,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from federation import artifacts, callbacks, selectors, services
+from federation import artifacts, callbacks, exporters, selectors, services
 from federation.forms import JobScheduleForm, JobSubmitForm
 from federation.models import FederatedJob, ModelRelease, ReleaseStatus
 from federation.pool_selectors import REASONS
@@ -312,6 +312,8 @@ def _model_payload(job: FederatedJob) -> dict:
 def job_model_download(request, pk: int):
     """The final model (JSON: classes, features, weights) once the airlock has released it."""
     job = _released_job(request, pk)
+    if job.is_trees:  # no booster reaches the portal yet (federation.exporters)
+        raise Http404(f"No model file: {exporters.TREES_NOT_EXPORTABLE}")
     payload = _model_payload(job)
     body = {
         "job": job.pk,

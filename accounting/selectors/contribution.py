@@ -44,6 +44,26 @@ class ContributionRow:
     loo_share: float | None = None
 
 
+#: Why a job is credited by data volume instead of Shapley values: the job page says it.
+VOLUME_REASONS = {
+    "secure_aggregation": "individual updates were hidden by secure aggregation, so no coalition "
+    "model could be rebuilt",
+    "tree_bagging": "the model is gradient-boosted trees bagged across sites (FedXgbBagging): "
+    "each site's trees were grown on the residuals of a global model every site's earlier trees "
+    "shaped, so a coalition's model cannot be rebuilt from the logged updates, and retraining "
+    "without each site (leave-one-out) would cost a full run per site (ADR 0023)",
+}
+
+
+def volume_basis(job: FederatedJob) -> str:
+    """Why ``job`` is credited by data volume (a key of :data:`VOLUME_REASONS`), or ``""``."""
+    if job.final_metrics.get("updates_hidden"):
+        return "secure_aggregation"
+    if job.model == "xgboost":
+        return "tree_bagging"
+    return ""
+
+
 @dataclass
 class JobContribution:
     """Everything the job page shows about contribution and usage (no further queries needed).
@@ -63,6 +83,9 @@ class JobContribution:
     v_empty: float | None = None
     v_full: float | None = None
     hidden: bool = False
+    #: why data volume is used (``services.contribution.VOLUME_REASONS``); "" when it is not
+    volume_reason: str = ""
+    volume_basis: str = ""
     error: str = ""
     eval_wall_seconds: float | None = None
     models_scored: int = 0
@@ -133,7 +156,9 @@ def job_contribution(*, user, job: FederatedJob) -> JobContribution:
         flower=job.final_metrics.get("flower") or {},
         v_empty=run_table.get(""),
         v_full=run_table.get(",".join(str(i) for i in range(len(players)))),
-        hidden=bool(job.final_metrics.get("updates_hidden")),
+        hidden=bool(volume_basis(job)),
+        volume_basis=volume_basis(job),
+        volume_reason=VOLUME_REASONS.get(volume_basis(job), ""),
         error=str(posted.get("error", "")),
         eval_wall_seconds=posted.get("wall_seconds"),
         models_scored=int(posted.get("models") or 0),

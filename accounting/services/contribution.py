@@ -20,6 +20,7 @@ from django.db.models import Sum
 
 from accounting.contribution import exact_shapley, gtg_shapley, leave_one_out, normalise
 from accounting.models import ContributionMethod, ContributionScore
+from accounting.selectors.contribution import volume_basis
 from federation.models import FederatedJob, SiteRoundMetric
 from frp_flwr.coalitions import EXACT_MAX_SITES, coalition_key
 from portal.ledger.services import ledger_append
@@ -51,7 +52,7 @@ def table_utility(table: dict[str, float]) -> Callable[[frozenset[int]], float]:
 
 
 def _hidden(job: FederatedJob) -> bool:
-    return bool(job.final_metrics.get("updates_hidden"))
+    return bool(volume_basis(job))
 
 
 def _scores(job: FederatedJob) -> list[tuple[str, int, list[str], np.ndarray, int]]:
@@ -110,7 +111,8 @@ def contribution_score_job(*, job: FederatedJob) -> list[ContributionScore]:
     * ``loo`` — leave-one-out v(N) − v(N∖{i}), the cross-check;
     * ``data_volume`` — training examples per site, used alone when
       ``job.final_metrics["updates_hidden"]`` says individual updates were hidden (secure
-      aggregation), so no coalition model can be rebuilt.
+      aggregation), or the job trained bagged trees (``job.model == "xgboost"``, ADR 0023):
+      no coalition model can be rebuilt (:func:`volume_basis`).
 
     Idempotent and safe to call twice (a lock on the job row; ``update_or_create``): a score is
     appended to the ledger (``kind="contribution"``) only when first created. Returns the job's

@@ -104,3 +104,24 @@ def test_selector_queries_do_not_grow_with_sites(django_assert_num_queries, scor
     with django_assert_num_queries(4):
         seen = job_contribution(user=user, job=scored_job)
         assert [r.site.name for r in seen.rows] + [u.site.name for u in seen.usage]
+
+
+def test_job_page_of_a_trees_job_names_data_volume_and_why(client):
+    job = running_job(2)
+    job.model = "xgboost"
+    job.save(update_fields=["model"])
+    post(
+        job,
+        "round",
+        round=1,
+        sites={"s0": {"ok": True, "train_examples": 30}, "s1": {"ok": True, "train_examples": 10}},
+    )
+    job = finish(job)
+    contribution_score_job(job=job)
+
+    html = _page(client, job)
+
+    assert "Contribution method: <strong>data volume</strong>" in html
+    assert "bagged across sites (FedXgbBagging)" in html and "ADR 0023" in html
+    assert "hidden by secure aggregation" not in html
+    assert "30 examples" in html and "75.0 %" in html

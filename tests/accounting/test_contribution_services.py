@@ -219,3 +219,20 @@ def test_ten_sites_use_gtg_on_the_coalitions_the_serverapp_scored():
     assert len(_scores(job, "loo")) == n
     per_round = _scores(job, "gtg", rnd=1)
     assert [per_round[p].raw_value for p in players] == pytest.approx(values / 2, abs=1e-3)
+
+
+def test_tree_bagging_jobs_use_data_volume_by_training_examples():
+    job = running_job(2)
+    job.model = "xgboost"
+    job.save(update_fields=["model"])
+    for rnd in (1, 2):
+        sites = {"s0": {"ok": True, "train_examples": 18}, "s1": {"ok": True, "train_examples": 6}}
+        post(job, "round", round=rnd, sites=sites)
+    job = finish(job)
+
+    contribution_score_job(job=job)
+
+    volume = _scores(job, "data_volume")
+    assert [volume[s].raw_value for s in ("s0", "s1")] == [36.0, 12.0]
+    assert [volume[s].share for s in ("s0", "s1")] == [0.75, 0.25]
+    assert not ContributionScore.objects.filter(job=job).exclude(method="data_volume").exists()

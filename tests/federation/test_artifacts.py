@@ -303,6 +303,35 @@ def test_model_card_page_and_json_name_datasets_strategy_rounds_and_the_file(cli
     assert client.get(url).status_code == 404
 
 
+def test_a_trees_job_is_not_exportable_yet_and_its_card_page_and_files_say_so(client, world):
+    """Gradient-boosted trees (``model_spec.kind == "xgboost"``): the ServerApp sends no booster,
+    the exporter registry's ``xgboost`` entry refuses, and after the airlock the card, the job
+    page and both file URLs say it, with no 500."""
+    job = world["job"]
+    job.model, job.model_spec = "xgboost", {"kind": "xgboost", "max_depth": 3}
+    job.save(update_fields=["model", "model_spec"])
+    fitted = _fitted()
+    _finish(job, fitted, [])  # the trees ServerApp's finished event: no weights
+    _approve(world)
+    client.force_login(world["researcher"])
+
+    card_url = reverse("federation:job_model_card", args=[job.pk])
+    page = client.get(card_url)
+    card = client.get(card_url, {"format": "json"}).json()
+    job_page = client.get(reverse("federation:job_detail", args=[job.pk]))
+    skops = client.get(reverse("federation:job_model_skops", args=[job.pk]))
+    weights = client.get(reverse("federation:job_model_download", args=[job.pk]))
+
+    assert card["file"]["exportable"] is False
+    assert "not exportable yet" in card["file"]["why_not"]
+    assert page.status_code == 200 and "not exportable yet" in page.content.decode()
+    assert job_page.status_code == 200
+    text = job_page.content.decode()
+    assert 'id="trees-not-exportable"' in text and "Download model (.skops)" not in text
+    assert "FedXgbBagging" in text and "data volume" in text
+    assert skops.status_code == 404 and weights.status_code == 404
+
+
 # --- resuming a failed job ---------------------------------------------------------------------
 
 

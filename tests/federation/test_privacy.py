@@ -133,6 +133,24 @@ def test_submit_without_dp_has_no_epsilon_and_no_privacy_leaf(world, settings):
     assert not LedgerEntry.objects.filter(kind="privacy").exists()
 
 
+def test_dp_with_gradient_boosted_trees_is_refused_on_the_dp_field(world, settings):
+    """DP clips and noises weight updates; trees send trees: the two are not combined."""
+    settings.CELERY_TASK_ALWAYS_EAGER = False
+    with pytest.raises(services.JobError) as err:
+        services.job_submit(
+            by=world["pi"],
+            project=world["project"],
+            dataset_versions=world["versions"],
+            title="trees with dp",
+            target_column="label",
+            num_rounds=3,
+            model={"kind": "xgboost"},
+            privacy={"dp": "server", "noise_multiplier": 1.0, "clipping_norm": 1.0, "delta": 1e-5},
+        )
+    assert "cannot protect them" in err.value.field_errors["dp"][0]
+    assert FederatedJob.objects.count() == 0
+
+
 def test_submit_over_a_budget_is_refused_with_spent_this_job_and_budget(world, settings):
     settings.CELERY_TASK_ALWAYS_EAGER = False
     one = gaussian_epsilon(1.0, 3, 1e-5)

@@ -732,3 +732,45 @@ def test_submit_to_an_unreachable_superlink_leaves_the_job_launching(
     monkeypatch.setattr(services.superlink, "run_submit", unreachable)
     job = launch(world)
     assert job.status == JobStatus.LAUNCHING and job.superlink_lost_at is not None
+
+
+def test_job_submit_xgboost_stores_the_model_and_the_run_config_carries_it(world):
+    job = submit(world, model={"kind": "xgboost", "max_depth": 4, "local_rounds": 3})
+
+    assert job.model == "xgboost" and job.model_spec["kind"] == "xgboost"
+    assert job.model_spec["max_depth"] == 4 and job.model_spec["eta"] == 0.3  # default
+    spec = contract.JobSpec.from_json(services.job_run_config(job).job_spec)
+    assert spec.model_kind == "xgboost" and spec.model["local_rounds"] == 3
+
+
+def test_job_submit_without_a_model_is_linear(world):
+    job = submit(world)
+
+    assert job.model == "linear" and job.model_spec == {"kind": "linear"}
+    assert contract.JobSpec.from_json(services.job_run_config(job).job_spec).model == {
+        "kind": "linear"
+    }
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ({"kind": "xgboost", "max_depth": 40}, "model.max_depth: 40 is outside 1..12"),
+        ({"kind": "xgboost", "eta": -1.0}, "model.eta: -1.0 is outside"),
+        ({"kind": "forest"}, "'forest' is not one of"),
+    ],
+)
+def test_job_submit_refuses_a_bad_model_on_its_field(world, model, message):
+    with pytest.raises(services.JobError) as err:
+        submit(world, model=model)
+
+    assert message in err.value.field_errors["model_kind"][0]
+    assert not FederatedJob.objects.exists()
+
+
+def test_job_submit_refuses_another_strategy_for_trees_on_the_strategy_field(world):
+    with pytest.raises(services.JobError) as err:
+        submit(world, model={"kind": "xgboost"}, strategy={"name": "fedprox"})
+
+    assert "FedXgbBagging" in err.value.field_errors["strategy_name"][0]
+    assert not FederatedJob.objects.exists()

@@ -826,3 +826,42 @@ def test_callback_body_over_the_limit_is_413(anon, running_job):
     response = _post(anon, running_job, body, signed(running_job, body))
 
     assert response.status_code == 413
+
+
+def test_job_form_submits_xgboost_with_its_hyper_parameters(pi_client, world, fake_superlink):
+    response = pi_client.post(
+        "/jobs/new/",
+        _form_data(world, model_kind="xgboost", xgb_max_depth=4, xgb_eta=0.1, xgb_local_rounds=2),
+    )
+
+    assert response.status_code == 302
+    job = FederatedJob.objects.get()
+    assert job.model == "xgboost"
+    assert job.model_spec == {
+        "kind": "xgboost",
+        "local_rounds": 2,
+        "max_depth": 4,
+        "eta": 0.1,
+        "subsample": 1.0,
+        "colsample_bytree": 1.0,
+        "min_child_weight": 1.0,
+        "reg_lambda": 1.0,
+    }
+
+
+def test_job_form_bad_tree_depth_shows_error_inline(pi_client, world):
+    response = pi_client.post(
+        "/jobs/new/", _form_data(world, model_kind="xgboost", xgb_max_depth=40)
+    )
+
+    assert response.status_code == 200
+    block = _field_block(response.content.decode(), "id_xgb_max_depth")
+    assert "less than or equal to 12" in block
+    assert FederatedJob.objects.count() == 0
+
+
+def test_job_form_offers_the_models_with_help(pi_client, world):
+    page = pi_client.get("/jobs/new/").content.decode()
+
+    assert 'value="xgboost"' in page and "Gradient-boosted trees" in page
+    assert "credited by data volume" in page and 'name="xgb_subsample"' in page

@@ -18,7 +18,8 @@ each player's returned weights (``h<r>/start/i``, ``h<r>/p<player>/i``, for the 
 ADR 0010), the strategy's state (``strategy/<attr>/<name>``) — and ``manifest``: UTF-8 JSON as a
 ``uint8`` array (round, players, active sites, the fitted preprocessing, the preparation, the
 training label counts, the example counts of the logged rounds, the strategy's class and the
-layout of its state). ``Checkpoint.from_bytes`` checks the format version and shapes and raises
+layout of its state). ``Checkpoint.from_bytes`` checks the format version and shapes (a
+``uint8`` booster of ``frp_flwr.trees`` grows: its shape is not checked) and raises
 ``CheckpointError``.
 
 Strategy state: :func:`strategy_state` / :func:`strategy_restore` keep the attributes of Flower's
@@ -213,7 +214,8 @@ class Checkpoint:
                     )
                 )
             weights = model("global")
-            if [a.shape for a in weights] != [a.shape for a in model("initial")]:
+            booster = len(weights) == 1 and weights[0].dtype == np.uint8  # trees' JSON bytes
+            if not booster and [a.shape for a in weights] != [a.shape for a in model("initial")]:
                 raise CheckpointError("checkpoint: global and initial models differ in shape")
             return cls(
                 job_id=int(manifest["job_id"]),

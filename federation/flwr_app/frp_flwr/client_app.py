@@ -11,6 +11,8 @@ Handlers (Flower Message API):
   federated standardisation), run local SGD of the job's model (``frp_flwr.models``: linear or
   MLP, with FedProx's proximal term when the strategy asks), reply with the new
   weights and metered usage (examples, loss, CPU seconds, wall seconds, bytes received and sent).
+  A job whose ``model.kind`` is ``xgboost`` boosts trees on top of the global booster instead and
+  replies with its new trees only (``frp_flwr.trees``).
 - ``evaluate`` — loss and accuracy of the global model on the site's held-out split; after the last
   round also the aggregates of the final metrics (``frp_flwr.metrics``).
 - ``evaluate.coalitions`` — after the last round: loss and accuracy of K coalition models (sent
@@ -40,6 +42,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 from flwr.common.serde import array_record_to_proto
 
+from frp_flwr import trees
 from frp_flwr.contract import (
     CoalitionReply,
     EvaluateReply,
@@ -206,6 +209,8 @@ def train(msg: Message, context: Context) -> Message:
     wall0, cpu0 = time.perf_counter(), time.process_time()
     config = msg.content["config"]
     cfg, fitted, data = _prepared(context, config, "train")
+    if cfg.spec.model_kind == "xgboost":  # gradient-boosted trees (frp_flwr.trees)
+        return _train_trees(msg, cfg, fitted, data, wall0, cpu0)
     spec = cfg.spec
     learning_rate, mu = client_settings(spec.strategy, cfg.learning_rate)
     params = msg.content["arrays"].to_numpy_ndarrays()
@@ -232,6 +237,41 @@ def train(msg: Message, context: Context) -> Message:
     return _reply(msg, arrays=arrays, metrics=MetricRecord(metrics.as_record()))
 
 
+def _trees_params(cfg, fitted, config: ConfigRecord) -> dict:
+    """XGBoost's parameters of the job (``trees.xgb_params``); the binary ``base_score`` is the
+    ServerApp's pooled class share (config ``xgb-base-score``), the seed the round number."""
+    return trees.xgb_params(
+        trees.model_spec(cfg.spec.model),
+        task=fitted.task,
+        num_classes=len(fitted.classes),
+        base_score=float(config.get("xgb-base-score", 0.5)),
+        seed=int(config.get("server-round", 0)),
+    )
+
+
+def _train_trees(msg: Message, cfg, fitted, data, wall0: float, cpu0: float) -> Message:
+    """Train hook of ``model.kind == "xgboost"``: ``local_rounds`` boosting rounds on top of the
+    global booster (``trees.train_local``); the reply carries only the new trees."""
+    config = msg.content["config"]
+    packed, loss, _ = trees.train_local(
+        trees.booster_bytes(msg.content["arrays"]),
+        data.X,
+        data.y,
+        params=_trees_params(cfg, fitted, config),
+        local_rounds=int(trees.model_spec(cfg.spec.model)["local_rounds"]),
+    )
+    arrays = trees.to_record(packed)
+    metrics = TrainReply(
+        num_examples=len(data.y),
+        train_loss=loss,
+        bytes_received=payload_bytes(msg.content),
+        bytes_sent=payload_bytes(RecordDict({"arrays": arrays})),
+        cpu_seconds=time.process_time() - cpu0,
+        wall_seconds=time.perf_counter() - wall0,
+    )
+    return _reply(msg, arrays=arrays, metrics=MetricRecord(metrics.as_record()))
+
+
 @app.evaluate()
 @_guard
 def evaluate(msg: Message, context: Context) -> Message:
@@ -240,16 +280,25 @@ def evaluate(msg: Message, context: Context) -> Message:
     wall0, cpu0 = time.perf_counter(), time.process_time()
     config = msg.content["config"]
     cfg, fitted, data = _prepared(context, config, "test")
-    model = model_for(cfg.spec.model)
-    params = msg.content["arrays"].to_numpy_ndarrays()
-    loss, acc = loss_and_accuracy(model, params, data.X, data.y, task=fitted.task)
+    if cfg.spec.model_kind == "xgboost":  # the booster's bytes (frp_flwr.trees)
+        raw = trees.booster_bytes(msg.content["arrays"])
+        xgb_params = _trees_params(cfg, fitted, config)
+        loss, acc = trees.loss_and_accuracy(raw, data.X, data.y, xgb_params)
+        proba = lambda X: trees.predict_proba(raw, X, xgb_params)  # noqa: E731
+        pred = lambda X: trees.predict(raw, X, xgb_params)  # noqa: E731
+    else:
+        model = model_for(cfg.spec.model)
+        params = msg.content["arrays"].to_numpy_ndarrays()
+        loss, acc = loss_and_accuracy(model, params, data.X, data.y, task=fitted.task)
+        proba = lambda X: predict_proba(model, params, X)  # noqa: E731
+        pred = lambda X: predict(model, params, X)  # noqa: E731
     records = {}
     if bool(config.get("final", False)):
         if fitted.task == "classification":
             report = site_report(
                 "classification",
                 y=data.y,
-                proba=predict_proba(model, params, data.X),
+                proba=proba(data.X),
                 num_classes=len(fitted.classes),
             )
         else:
@@ -257,7 +306,7 @@ def evaluate(msg: Message, context: Context) -> Message:
             report = site_report(
                 "regression",
                 y=data.y * scale + shift,
-                pred=predict(model, params, data.X) * scale + shift,
+                pred=pred(data.X) * scale + shift,
                 baseline_mean=shift,
             )
         records["report"] = ConfigRecord(json_record(report))

@@ -365,10 +365,12 @@ class JobSpec(_Record):
     ``classification`` (softmax regression) or ``regression`` (linear regression). ``plans``: how
     each feature is encoded and its missing cells handled (``FeaturePlan``; a feature without a
     plan is numeric with median imputation). ``small_count``: categories held by at most this
-    many rows at a site are merged into "other" there. ``model``: ``{"kind": "linear"|"mlp",
-    …hyper-parameters}`` (``frp_flwr.models.read_model_spec``); ``strategy``: ``{"name":
-    "fedavg"|"fedprox"|…, …params}`` (``frp_flwr.strategies.read_strategy_spec``); a spec
-    without them means linear + FedAvg. ``privacy``: :class:`Privacy` (dp off when absent).
+    many rows at a site are merged into "other" there. ``model``: ``{"kind":
+    "linear"|"mlp"|"xgboost", …hyper-parameters}`` (``frp_flwr.models.read_model_spec``);
+    ``strategy``: ``{"name": "fedavg"|"fedprox"|…, …params}``
+    (``frp_flwr.strategies.read_strategy_spec``; an ``xgboost`` model is always bagged with
+    Flower's FedXgbBagging, ``frp_flwr.trees``); a spec without them means linear + FedAvg.
+    ``privacy``: :class:`Privacy` (dp off when absent).
     """
 
     sites: dict[str, SitePointer]
@@ -425,6 +427,11 @@ class JobSpec(_Record):
         if spec.target in spec.features:
             raise ContractError("job-spec.features: the target cannot also be a feature")
         return spec
+
+    @property
+    def model_kind(self) -> str:
+        """``model["kind"]`` (``"linear"`` for a spec without a model)."""
+        return str(self.model.get("kind", "linear"))
 
     def plan(self, name: str) -> FeaturePlan:
         """The plan of feature ``name`` (the default plan when it has none)."""

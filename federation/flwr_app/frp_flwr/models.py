@@ -5,7 +5,12 @@ A job's ``model`` (``JobSpec.model``, JSON ``{"kind": …, …hyper-parameters}`
 
 - ``linear`` — today's softmax / linear regression (``frp_flwr.task``), the default;
 - ``mlp`` — a small multilayer perceptron in numpy: ``hidden`` (layer widths), ``activation``
-  (``relu`` or ``tanh``), ``dropout`` (inverted dropout on hidden units while training), ``l2``.
+  (``relu`` or ``tanh``), ``dropout`` (inverted dropout on hidden units while training), ``l2``;
+- ``xgboost`` — gradient-boosted trees (XGBoost), bagged across sites with Flower's
+  ``FedXgbBagging`` (``frp_flwr.trees``, ADR 0023): the hyper-parameters of
+  :data:`XGBOOST_PARAMS`. Its "weights" are the booster's JSON bytes (one ``uint8`` array,
+  :class:`TreesModel`); the ClientApp and ServerApp hand its training and bagging to
+  ``frp_flwr.trees``, and the strategy is always FedXgbBagging.
 
 Both are trained by mini-batch SGD on standardised features; both take FedProx's proximal term
 ``μ/2·‖w − w_global‖²`` (Li et al. 2020, "Federated Optimization in Heterogeneous Networks") in the
@@ -26,7 +31,9 @@ from typing import Any
 import numpy as np
 
 #: The model kinds a job may name (another kind may be registered beside these).
-MODEL_KINDS = ("linear", "mlp")
+MODEL_KINDS = ("linear", "mlp", "xgboost")
+#: Kinds trained as trees (``frp_flwr.trees``), not as weights by SGD.
+TREE_KINDS = ("xgboost",)
 #: An old job spec without ``model`` trains this.
 DEFAULT_MODEL: dict[str, Any] = {"kind": "linear"}
 ACTIVATIONS = ("relu", "tanh")
@@ -34,6 +41,22 @@ ACTIVATIONS = ("relu", "tanh")
 MAX_HIDDEN_LAYERS = 4
 MAX_HIDDEN_UNITS = 1024
 MLP_DEFAULTS: dict[str, Any] = {"hidden": [32], "activation": "relu", "dropout": 0.0, "l2": 1e-4}
+
+#: XGBoost's hyper-parameters a job may set (``frp_flwr.trees``): name → (type, default, lo, hi).
+#: ``local_rounds``: boosting rounds each site adds per federated round (every one of its trees is
+#: bagged into the global booster); ``eta``: learning rate (shrinkage); ``subsample`` and
+#: ``colsample_bytree``: the share of rows / columns each tree samples; ``min_child_weight``: the
+#: least Hessian sum in a leaf; ``reg_lambda``: L2 penalty on leaf weights. XGBoost's meanings:
+#: https://xgboost.readthedocs.io/en/stable/parameter.html
+XGBOOST_PARAMS: dict[str, tuple[type, float, float, float]] = {
+    "local_rounds": (int, 1, 1, 50),
+    "max_depth": (int, 6, 1, 12),
+    "eta": (float, 0.3, 1e-4, 1.0),
+    "subsample": (float, 1.0, 0.05, 1.0),
+    "colsample_bytree": (float, 1.0, 0.05, 1.0),
+    "min_child_weight": (float, 1.0, 0.0, 1e6),
+    "reg_lambda": (float, 1.0, 0.0, 1e6),
+}
 
 
 class ModelSpecError(ValueError):
@@ -54,8 +77,10 @@ def read_model_spec(raw: Any, where: str = "model") -> dict[str, Any]:
 
     ``raw``: ``{"kind": "linear"}`` or ``{"kind": "mlp", "hidden": [int, …] (1–4 layers of
     1–1024 units), "activation": "relu"|"tanh", "dropout": float in [0, 0.9], "l2": float in
-    [0, 1]}`` (absent keys take :data:`MLP_DEFAULTS`). Raises :class:`ModelSpecError` (a
-    ``ValueError``) naming the field on an unknown kind, key or a value out of range.
+    [0, 1]}`` (absent keys take :data:`MLP_DEFAULTS`) or ``{"kind": "xgboost", …}`` with the
+    hyper-parameters of :data:`XGBOOST_PARAMS`, each of its type and in its range (absent keys
+    take their defaults). Raises :class:`ModelSpecError` (a ``ValueError``) naming the field on
+    an unknown kind, key or a value out of range.
     """
     if not isinstance(raw, Mapping):
         raise ModelSpecError(f"{where}: expected an object")
@@ -67,6 +92,8 @@ def read_model_spec(raw: Any, where: str = "model") -> dict[str, Any]:
         if unknown:
             raise ModelSpecError(f"{where}: unknown field(s) {unknown} for a linear model")
         return {"kind": "linear"}
+    if kind == "xgboost":
+        return _read_xgboost(raw, where)
     unknown = sorted(set(raw) - {"kind", *MLP_DEFAULTS})
     if unknown:
         raise ModelSpecError(f"{where}: unknown field(s) {unknown} for an mlp")
@@ -85,6 +112,36 @@ def read_model_spec(raw: Any, where: str = "model") -> dict[str, Any]:
     return out
 
 
+def _read_xgboost(raw: Mapping, where: str) -> dict[str, Any]:
+    unknown = sorted(set(raw) - set(XGBOOST_PARAMS) - {"kind"})
+    if unknown:
+        raise ModelSpecError(
+            f"{where}: unknown xgboost parameter(s) {', '.join(map(repr, unknown))}"
+        )
+    out: dict[str, Any] = {"kind": "xgboost"}
+    for name, (kind_of, default, lo, hi) in XGBOOST_PARAMS.items():
+        w = f"{where}.{name}"
+        if name not in raw:
+            out[name] = default
+            continue
+        value = raw[name]
+        if kind_of is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ModelSpecError(f"{w}: expected an integer")
+            if not lo <= value <= hi:
+                raise ModelSpecError(f"{w}: {value} is outside {int(lo)}..{int(hi)}")
+            out[name] = int(value)
+        else:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ModelSpecError(f"{w}: expected a number")
+            if not math.isfinite(value):
+                raise ModelSpecError(f"{w}: {value} is not a finite number")
+            if not lo <= value <= hi:
+                raise ModelSpecError(f"{w}: {float(value)} is outside {lo:g}..{hi:g}")
+            out[name] = float(value)
+    return out
+
+
 def describe_model(spec: Mapping[str, Any], *, task: str = "classification") -> str:
     """One line naming the model and its hyper-parameters, for the job page and credit statement."""
     kind = spec.get("kind", "linear")
@@ -96,6 +153,12 @@ def describe_model(spec: Mapping[str, Any], *, task: str = "classification") -> 
             f"multilayer perceptron (hidden {hidden}, {spec.get('activation', 'relu')}, "
             f"dropout {float(spec.get('dropout', 0.0)):g}, L2 {float(spec.get('l2', 1e-4)):g})"
         )
+    if kind == "xgboost":
+        params = ", ".join(
+            f"{name} {spec.get(name, default):g}"
+            for name, (_, default, _, _) in XGBOOST_PARAMS.items()
+        )
+        return f"gradient-boosted trees (XGBoost, bagged; {params})"
     return str(kind)
 
 
@@ -284,7 +347,24 @@ class MLPModel:
         return weights, loss
 
 
-def model_for(spec: Mapping[str, Any] | None) -> LinearModel | MLPModel:
+class TreesModel:
+    """Gradient-boosted trees (``kind = "xgboost"``): the global model is the booster's JSON bytes
+    as ONE ``uint8`` array (empty before round 1). Training, bagging and prediction are
+    ``frp_flwr.trees``'s (XGBoost, Flower's ``FedXgbBagging``); this registry entry gives the
+    ServerApp the initial model and the hyper-parameters, complete."""
+
+    kind = "xgboost"
+
+    def __init__(self, spec: Mapping[str, Any]) -> None:
+        self.spec = read_model_spec(spec)
+
+    def init_params(self, num_features: int, num_outputs: int, *, seed: int = 0):
+        """The empty booster ``[uint8 array of length 0]`` (no tree yet; shapes do not depend
+        on ``num_features`` / ``num_outputs``)."""
+        return [np.zeros(0, dtype=np.uint8)]
+
+
+def model_for(spec: Mapping[str, Any] | None) -> LinearModel | MLPModel | TreesModel:
     """The model object of a (validated) model spec; ``None`` or ``{}`` is the linear model.
     Raises :class:`ModelSpecError` for a kind this registry does not hold."""
     spec = dict(spec or DEFAULT_MODEL)
@@ -293,6 +373,8 @@ def model_for(spec: Mapping[str, Any] | None) -> LinearModel | MLPModel:
         return LinearModel(spec)
     if kind == "mlp":
         return MLPModel(spec)
+    if kind == "xgboost":
+        return TreesModel(spec)
     raise ModelSpecError(f"model.kind: no model {str(kind)[:40]!r} in this app")
 
 

@@ -32,6 +32,11 @@ Flow of one run (one portal job):
    utility(S) = the median over the sites of S's model's held-out accuracy (ADR 0024). The portal computes the
    Shapley values. A failure here is reported in the event and does not fail the run.
 
+Gradient-boosted trees (``model.kind == "xgboost"``, ADR 0023): the rounds carry the booster's
+bytes instead of weights, train replies hold each site's new trees and are bagged with Flower's
+``FedXgbBagging.aggregate_train`` (``frp_flwr.trees``); no coalition models are scored (bagged
+trees cannot be rebuilt per coalition), so the portal credits data volume.
+
 Polling: ``Grid.send_and_receive`` sleeps 3 s between pulls; this app pushes and pulls itself every
 ``poll-interval`` seconds (0.2 s by default).
 """
@@ -53,7 +58,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from frp_flwr import checkpoints, privacy
+from frp_flwr import checkpoints, privacy, trees
 from frp_flwr.coalitions import coalition_key, contribution_plan
 from frp_flwr.contract import (
     CallbackAnswer,
@@ -477,7 +482,11 @@ def _non_finite(reply: Message) -> str:
 
 
 def _check_shapes(returned: ArrayRecord, sent: ArrayRecord) -> None:
-    """A train reply's weights must have the global model's shapes and be finite."""
+    """A train reply's weights must have the global model's shapes and be finite; a booster's
+    reply must hold its new trees (``trees.check_reply``)."""
+    if trees.is_booster(sent):
+        trees.check_reply(returned)
+        return
     got, want = returned.to_numpy_ndarrays(), sent.to_numpy_ndarrays()
     if [a.shape for a in got] != [a.shape for a in want]:
         raise ContractError("arrays: not the shapes of the global model")
@@ -848,6 +857,11 @@ class _Run:
         return self.prepared.fitted.task
 
     @property
+    def is_trees(self) -> bool:
+        """The job trains gradient-boosted trees (``frp_flwr.trees``), not weights."""
+        return self.cfg.spec.model_kind == "xgboost"
+
+    @property
     def classes(self) -> list[str]:
         return self.prepared.fitted.classes
 
@@ -1016,7 +1030,7 @@ def _start(grid: Grid, cfg: RunConfig, reporter: Reporter, found: _Discovered) -
         model_for(cfg.spec.model).init_params(
             len(fitted.mean), max(1, len(fitted.classes)), seed=cfg.split_seed
         )
-    )
+    )  # xgboost: the empty booster (frp_flwr.models.TreesModel)
     players = sorted(active)  # contribution players: index = position
     return _make_run(
         grid, cfg, reporter, found, prepared, arrays, limits, faulty, players, _arrays(arrays)
@@ -1035,22 +1049,33 @@ def _make_run(
     players: list[str],
     initial: list[np.ndarray],
 ) -> _Run:
-    """The :class:`_Run` of a fresh (:func:`_start`) or resumed (:func:`_resume`) run."""
+    """The :class:`_Run` of a fresh (:func:`_start`) or resumed (:func:`_resume`) run.
+
+    The job's strategy: ``build_strategy(spec.strategy)``, or for gradient-boosted trees
+    (``model.kind == "xgboost"``) Flower's ``FedXgbBagging`` (``trees.strategy``) and the binary
+    ``base_score`` (the pooled share of the second class, ``trees.base_score``) in the config
+    the sites get — set here so that a resumed run has them too."""
     active, fitted = found.active, prepared.fitted
     classes = fitted.classes
+    config = ConfigRecord({"preprocess": fitted.to_text(), "classes": fitted.classes or [""]})
+    if cfg.spec.model_kind == "xgboost":  # gradient-boosted trees, bagged (frp_flwr.trees)
+        strategy = trees.strategy()
+        config["xgb-base-score"] = trees.base_score(prepared.train_labels, classes)
+    else:
+        strategy = build_strategy(cfg.spec.strategy)
     run = _Run(
         grid=grid,
         cfg=cfg,
         reporter=reporter,
         active=active,
         arrays=arrays,
-        config=ConfigRecord({"preprocess": fitted.to_text(), "classes": fitted.classes or [""]}),
+        config=config,
         prepared=prepared,
         node_site={n: s for s, n in active.items()},
         players=players,
         player_of={s: i for i, s in enumerate(players)},
         initial=initial,
-        strategy=build_strategy(cfg.spec.strategy),
+        strategy=strategy,
         limits=limits,
         faulty=faulty,
         site_node=found.site_node,
@@ -1089,6 +1114,11 @@ def _train_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> dict:
         raise JobFailed(
             f"round {rnd}: {len(train)} of {len(run.active)} sites replied (need {min_sites})"
         )
+    if run.is_trees:  # FedXgbBagging: every site's new trees appended (frp_flwr.trees)
+        run.arrays, train_agg = trees.aggregate(
+            run.strategy, run.arrays, rnd, [r for r, _ in train.values()]
+        )
+        return train_agg or {}
     player = {n: run.player_of[run.node_site[n]] for n in train}
     run.history.append(
         RoundLog(
@@ -1225,7 +1255,7 @@ def _finish(run: _Run) -> None:
             rounds=run.cfg.num_rounds,
             sites=run.last_eval,
             classes=run.classes,
-            model=[a.tolist() for a in run.arrays.to_numpy_ndarrays()],
+            model=[] if run.is_trees else [a.tolist() for a in run.arrays.to_numpy_ndarrays()],
             metrics=pooled,
             baseline=baseline_,
             preprocessing=json.loads(run.prepared.fitted.to_text()),
@@ -1280,7 +1310,7 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter, *, store=None) -> No
         _round(run, rnd)
         _checkpoint(run, rnd)
     _finish(run)
-    if cfg.contribution:
+    if cfg.contribution and not run.is_trees:  # trees: data volume, at the portal (ADR 0023)
         _report_contribution(run)
 
 
