@@ -350,6 +350,11 @@ class FederatedJob(models.Model):
     num_rounds = models.PositiveIntegerField(default=5)
     local_epochs = models.PositiveIntegerField(default=5)
     learning_rate = models.FloatField(default=0.1)
+    secure_aggregation = models.BooleanField(
+        default=False,
+        help_text="SecAgg+ (frp_flwr.secagg): the ServerApp sees only the sum of the sites' "
+        "updates, so contribution is measured by data volume and compute, not Shapley values.",
+    )
 
     flower_run_id = models.CharField(max_length=32, blank=True, help_text="uint64, as text.")
     launch_nonce = models.CharField(

@@ -170,6 +170,7 @@ def job_submit(
     num_rounds: int = 5,
     local_epochs: int = 5,
     learning_rate: float = 0.1,
+    secure_aggregation: bool = False,
     schedule: dict | None = None,
 ) -> FederatedJob:
     """Validate and queue a job; its launch is queued after the transaction commits.
@@ -179,6 +180,9 @@ def job_submit(
     schema, each feature's plan (``preprocessing``: kind, missing-value rule, indicator) fitting
     its type — a feature without a plan gets the careful default (``federation.columns``); the
     target's type decides the task. Raises ``JobError`` (with per-field messages) otherwise.
+
+    ``secure_aggregation``: train with SecAgg+ (``frp_flwr.secagg``; contribution then by data
+    volume, ``final_metrics["updates_hidden"]``).
 
     ``schedule`` (optional): ``policy`` (``SchedulePolicy`` value), ``deadline`` (aware datetime),
     ``budget_cap`` (``Decimal``), ``qos``, ``preemptible``, ``cores`` / ``memory_gib`` / ``gpus``
@@ -229,6 +233,7 @@ def job_submit(
         num_rounds=num_rounds,
         local_epochs=local_epochs,
         learning_rate=learning_rate,
+        secure_aggregation=secure_aggregation,
         policy=schedule.get("policy") or "asap",
         deadline=schedule.get("deadline"),
         budget_cap=schedule.get("budget_cap"),
@@ -282,6 +287,7 @@ def job_run_config(job: FederatedJob) -> contract.RunConfig:
         min_sites=MIN_SITES,
         task=job.task,
         plans=[contract.FeaturePlan(**p) for p in job.preprocessing],
+        privacy={"secagg": True} if job.secure_aggregation else {},
     )
     callback = settings.FRP_CALLBACK_BASE_URL.rstrip("/") + reverse(
         "federation:job_callback", args=[job.pk]
@@ -588,6 +594,8 @@ def _record_finished(job: FederatedJob, sites: dict[str, JobSite], event: contra
         "metrics": event.metrics.to_json() if event.metrics else None,
         "baseline": event.baseline.to_json() if event.baseline else None,
         "preprocessing": event.preprocessing,
+        # SecAgg+: the ServerApp saw only sums, so contribution is by data volume (accounting)
+        "updates_hidden": bool(job.secure_aggregation),
     }
     job.save(update_fields=["final_metrics"])
     for slug, info in event.sites.items():

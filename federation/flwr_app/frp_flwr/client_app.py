@@ -10,6 +10,8 @@ Handlers (Flower Message API):
 - ``train``  — prepare the rows with the job's fitted rules (missing values, one-hot categories,
   federated standardisation), run local SGD (softmax or linear regression), reply with the new
   weights and metered usage (examples, loss, CPU seconds, wall seconds, bytes received and sent).
+  In a secure-aggregation job the same handler runs inside SecAgg+'s mod (``frp_flwr.secagg``):
+  its weights leave the site only as a masked delta; its metrics are sent in clear.
 - ``evaluate`` — loss and accuracy of the global model on the site's held-out split; after the last
   round also the aggregates of the final metrics (``frp_flwr.metrics``).
 - ``evaluate.coalitions`` — after the last round: loss and accuracy of K coalition models (sent
@@ -56,6 +58,7 @@ from frp_flwr.preprocess import (
     site_summary,
     transform,
 )
+from frp_flwr.secagg import secagg_mod
 from frp_flwr.task import (
     SiteDataError,
     load_site_frame,
@@ -198,7 +201,7 @@ def query_design(msg: Message, context: Context) -> Message:
     return _reply(msg, design=ConfigRecord(json_record(stats)))
 
 
-@app.train()
+@app.train(mods=[secagg_mod])  # SecAgg+ jobs' train messages: frp_flwr.secagg
 @_guard
 def train(msg: Message, context: Context) -> Message:
     """Local SGD from the global weights; reply with weights and metered usage."""

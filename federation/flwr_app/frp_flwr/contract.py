@@ -285,6 +285,51 @@ def _choice(value: Any, where: str, choices) -> str:
     return text
 
 
+#: ``JobSpec.privacy`` key → its reader. SecAgg+ (``frp_flwr.secagg``): on/off, the number of shares
+#: of each site's secrets (0: one per site of the round; otherwise 3 or more) and how many rebuild
+#: them (0: two thirds of the shares; otherwise 2 or more, fewer than the shares).
+PRIVACY_READERS: dict[str, Any] = {
+    "secagg": read_bool,
+    "secagg_num_shares": lambda v, w: read_int(v, w, lo=0, hi=MAX_SITES),
+    "secagg_threshold": lambda v, w: read_int(v, w, lo=0, hi=MAX_SITES),
+}
+
+
+def read_privacy(value: Any, where: str) -> dict:
+    """``JobSpec.privacy``: a map of :data:`PRIVACY_READERS` keys. Raises ``ContractError`` on an
+    unknown key or a value out of range."""
+    raw = read_map(value, where, max_items=len(PRIVACY_READERS))
+    unknown = sorted(set(raw) - set(PRIVACY_READERS))
+    if unknown:
+        raise ContractError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}")
+    return {k: PRIVACY_READERS[k](v, f"{where}.{k}") for k, v in raw.items()}
+
+
+def _check_secagg(spec: JobSpec) -> None:
+    """SecAgg+ settings that fit the job's sites (Flower's own rules, ``SecAggPlusWorkflow``):
+    shares 0 or 3..sites, threshold 0 or 2..shares−1; 2 sites at least. Raises ``ContractError``."""
+    privacy = spec.privacy
+    shares = privacy.get("secagg_num_shares", 0)
+    threshold = privacy.get("secagg_threshold", 0)
+    if not privacy.get("secagg"):
+        if shares or threshold:
+            raise ContractError("job-spec.privacy: SecAgg+ settings without secagg on")
+        return
+    n = len(spec.sites)
+    if n < 2:
+        raise ContractError("job-spec.privacy.secagg: secure aggregation needs 2 or more sites")
+    if shares and not 3 <= shares <= n:
+        raise ContractError(
+            f"job-spec.privacy.secagg_num_shares: {shares} is not 0 (one per site) or 3..{n}"
+        )
+    top = (shares or n) - 1
+    if threshold and not 2 <= threshold <= top:
+        raise ContractError(
+            f"job-spec.privacy.secagg_threshold: {threshold} is not 0 (two thirds of the shares) "
+            f"or 2..{top} (fewer than the shares)"
+        )
+
+
 @dataclass(frozen=True)
 class JobSpec(_Record):
     """The parts of a job the Flower App needs; the ``job-spec`` run-config value, as JSON text.
@@ -294,7 +339,10 @@ class JobSpec(_Record):
     ``classification`` (softmax regression) or ``regression`` (linear regression). ``plans``: how
     each feature is encoded and its missing cells handled (``FeaturePlan``; a feature without a
     plan is numeric with median imputation). ``small_count``: categories held by at most this
-    many rows at a site are merged into "other" there.
+    many rows at a site are merged into "other" there. ``privacy``: the job's protections
+    (:data:`PRIVACY_READERS`; absent keys are off): ``secagg`` — secure aggregation (SecAgg+,
+    ``frp_flwr.secagg``), with ``secagg_num_shares`` (0: one share per site) and
+    ``secagg_threshold`` (0: two thirds of the shares) — checked by :func:`read_privacy`.
     """
 
     sites: dict[str, SitePointer]
@@ -304,6 +352,7 @@ class JobSpec(_Record):
     task: str = "classification"
     plans: list[FeaturePlan] = field(default_factory=list)
     small_count: int = SMALL_COUNT
+    privacy: dict = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
@@ -331,11 +380,13 @@ class JobSpec(_Record):
                         for i, p in enumerate(read_list(v, w, max_items=10_000))
                     ],
                     "small_count": lambda v, w: read_int(v, w, lo=0, hi=1_000_000),
+                    "privacy": read_privacy,
                 },
             )
         )
         if not spec.sites:
             raise ContractError("job-spec.sites: no site")
+        _check_secagg(spec)
         names = [p.name for p in spec.plans]
         if len(set(names)) != len(names):
             raise ContractError("job-spec.plans: a feature has two plans")

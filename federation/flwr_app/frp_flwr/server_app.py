@@ -90,6 +90,7 @@ from frp_flwr.preprocess import (
     quantile_grids,
     standardise_from,
 )
+from frp_flwr.secagg import SecAggError, SecAggParams, fit_config, secure_train_round
 from frp_flwr.signing import SignatureError, job_key, master_key_from_environ, sign
 from frp_flwr.task import (
     MAX_COALITION_MODELS,
@@ -204,16 +205,24 @@ class Exchange:
     elapsed: dict[int, float] = field(default_factory=dict)
 
 
+def _json_scalar(value):
+    """A record value as JSON: bytes as hex text (SecAgg+'s keys, shares and masked vectors)."""
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, list | tuple):
+        return [_json_scalar(v) for v in value]
+    return value
+
+
 def _record_to_json(record) -> dict:
-    """A RecordDict as plain JSON: arrays as nested lists, metric/config records as dicts."""
+    """A RecordDict as plain JSON: arrays as nested lists, metric/config records as dicts
+    (bytes as hex text)."""
     out = {}
     for key, value in record.items():
         if isinstance(value, ArrayRecord):
             out[key] = [a.tolist() for a in value.to_numpy_ndarrays()]
         else:
-            out[key] = {
-                k: (list(v) if isinstance(v, list | tuple) else v) for k, v in value.items()
-            }
+            out[key] = {k: _json_scalar(v) for k, v in value.items()}
     return out
 
 
@@ -837,6 +846,10 @@ class _Run:
     site_node: dict[str, int] = field(default_factory=dict)
     train_check: ReplyCheck | None = None
     test_check: ReplyCheck | None = None
+    #: SecAgg+ settings of a secure-aggregation job (``frp_flwr.secagg``), else ``None``
+    secagg: SecAggParams | None = None
+    #: the most rows any site holds (the portal's limits, else the discovery summaries)
+    max_rows: int = 0
 
     @property
     def task(self) -> str:
@@ -987,6 +1000,9 @@ def _start(grid: Grid, cfg: RunConfig, reporter: Reporter, found: _Discovered) -
         test_check=bounds_check(
             "test", limits, test_fraction=cfg.test_fraction, classes=len(classes)
         ),
+        secagg=SecAggParams.of(cfg.spec),
+        max_rows=max((lim.rows for lim in limits.values()), default=0)
+        or max(site_reply[s][1].rows for s in active),
     )
 
 
@@ -997,7 +1013,10 @@ def _train_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> dict:
     as partial and ``JobFailed`` raised; a reply or an aggregate with NaN or infinity raises
     ``NonFinite`` naming the round (and the site)."""
     min_sites = run.cfg.spec.min_sites
-    train = run.send_model(MessageType.TRAIN, TrainReply, sites_out, rnd, check=run.train_check)
+    if run.secagg is not None:
+        train, secure = _secure_train(run, rnd, sites_out)
+    else:
+        train = run.send_model(MessageType.TRAIN, TrainReply, sites_out, rnd, check=run.train_check)
     for node, (_, m) in train.items():
         sites_out[run.node_site[node]].update(
             ok=True,
@@ -1013,6 +1032,9 @@ def _train_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> dict:
         raise JobFailed(
             f"round {rnd}: {len(train)} of {len(run.active)} sites replied (need {min_sites})"
         )
+    if run.secagg is not None:  # no individual update exists here: no round log, no contribution
+        run.arrays = secure
+        return {"train-loss": _weighted_loss([m for _, m in train.values()])}
     player = {n: run.player_of[run.node_site[n]] for n in train}
     run.history.append(
         RoundLog(
@@ -1027,6 +1049,44 @@ def _train_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> dict:
         raise NonFinite(f"round {rnd}: the aggregated model is not finite (NaN or infinity)")
     run.arrays = arrays
     return train_agg or {}
+
+
+def _secure_train(run: _Run, rnd: int, sites_out: dict[str, dict]):
+    """Round step a of a SecAgg+ job (``frp_flwr.secagg.secure_train_round``): returns node →
+    (``None``, clear metrics) of the sites whose masked update is in the sum, and the new global
+    model; the others' entries in ``sites_out`` say why they are not. Raises ``JobFailed``."""
+    try:
+        outcome = secure_train_round(
+            run.grid,
+            params=run.secagg,
+            active=run.active,
+            arrays=run.arrays,
+            fit_config=fit_config(run.config),
+            rnd=rnd,
+            max_examples=run.max_rows,
+            timeout=run.cfg.round_timeout,
+            poll=run.cfg.poll_interval,
+            on_reply=REPLY_LOG.write,
+            check=lambda node, m, elapsed: (
+                run.train_check(run.node_site[node], m, elapsed) if run.train_check else ""
+            ),
+        )
+    except (SecAggError, ContractError) as exc:
+        run.post_partial(rnd, sites_out)
+        raise JobFailed(str(exc)) from None
+    for node, error in outcome.errors.items():
+        if node in run.node_site:
+            sites_out[run.node_site[node]].update(ok=False, error=sanitise(error))
+    if not all(np.isfinite(a).all() for a in _arrays(outcome.arrays)):
+        run.post_partial(rnd, sites_out)
+        raise NonFinite(f"round {rnd}: the aggregated model is not finite (NaN or infinity)")
+    return {n: (None, m) for n, m in outcome.replies.items()}, outcome.arrays
+
+
+def _weighted_loss(replies: list[TrainReply]) -> float | None:
+    """The train loss averaged over the sites, weighted by their examples (FedAvg's metric)."""
+    total = sum(m.num_examples for m in replies)
+    return sum(m.train_loss * m.num_examples for m in replies) / total if total else None
 
 
 def _evaluate_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> None:
@@ -1191,7 +1251,7 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
     for rnd in range(1, cfg.num_rounds + 1):
         _round(run, rnd)
     _finish(run)
-    if cfg.contribution:
+    if cfg.contribution and run.secagg is None:  # SecAgg+: no update to rebuild coalitions from
         _report_contribution(run)
 
 
