@@ -8,7 +8,7 @@ In this one process and run, for each site count N: the demo breast-cancer data 
 hospitals, ingested site-side (``sandbox.ingest``, encrypted stores, no portal), ONE local
 federation (a SuperLink and N SuperNodes, ``federation.runtime``) that both arms share, then the
 same job submitted alternately (plain, secagg, plain, secagg, … ``--repeat`` times, after an untimed
-one-round warm-up of each) through the portal's control-API boundary
+one-round plain warm-up; ``--no-warmup`` skips it) through the portal's control-API boundary
 (``federation.superlink.run_submit``), with no callback URL and no contribution step:
 
 * **plain** — the app's FedAvg round (one ``train`` message per site per round);
@@ -53,6 +53,7 @@ class Federation:
     state: runtime.FederationState
     conn: superlink.Connection
     sites: dict[str, contract.SitePointer]
+    features: list[str]
 
 
 def federation_start(root: Path, n: int) -> Federation:
@@ -83,14 +84,16 @@ def federation_start(root: Path, n: int) -> Federation:
     conn = superlink.Connection(
         flwr_home=home, federation=FEDERATION, app_dir=ROOT / "federation" / "flwr_app"
     )
-    return Federation(state, conn, sites)
+    features = list(demo_data.split_breast_cancer(slugs)[slugs[0]][0])
+    return Federation(state, conn, sites, features)
 
 
 def run_config(fed: Federation, *, rounds: int, secagg: bool) -> dict:
-    """The run config of the benchmark job (all numeric features, 3 local epochs)."""
+    """The run config of the benchmark job (the 30 numeric features, 3 local epochs)."""
     spec = contract.JobSpec(
         sites=fed.sites,
         target="diagnosis",
+        features=fed.features,
         min_sites=2,
         privacy={"secagg": True} if secagg else {},
     )
@@ -118,12 +121,14 @@ def timed_run(fed: Federation, *, rounds: int, secagg: bool, timeout: float) -> 
     return total, float(status.raw.get("elapsed") or float("nan"))
 
 
-def measure(root: Path, n: int, *, rounds: int, repeat: int, timeout: float) -> dict:
+def measure(
+    root: Path, n: int, *, rounds: int, repeat: int, timeout: float, warmup: bool = True
+) -> dict:
     """Both arms at ``n`` sites on one federation; the medians and ratios (module docstring)."""
     fed = federation_start(root / f"n{n}", n)
     try:
-        for secagg in (False, True):  # warm-up: app build, first ClientApp processes
-            timed_run(fed, rounds=1, secagg=secagg, timeout=timeout)
+        if warmup:  # untimed: the SuperNodes install the app (both arms run the same one)
+            timed_run(fed, rounds=1, secagg=False, timeout=timeout)
         times: dict[str, list[tuple[float, float]]] = {"plain": [], "secagg": []}
         for _ in range(repeat):
             for arm in ("plain", "secagg"):
@@ -169,13 +174,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--no-warmup", action="store_true")
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="frp-secagg-bench-") as tmp:
         for n in args.sites:
             print(f"[{n} sites] starting", flush=True)
             rows.append(
-                measure(Path(tmp), n, rounds=args.rounds, repeat=args.repeat, timeout=args.timeout)
+                measure(
+                    Path(tmp),
+                    n,
+                    rounds=args.rounds,
+                    repeat=args.repeat,
+                    timeout=args.timeout,
+                    warmup=not args.no_warmup,
+                )
             )
             print(report(rows[-1:]), flush=True)
     print()

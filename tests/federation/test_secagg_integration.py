@@ -115,7 +115,8 @@ def jobs(secagg_world, django_db_blocker):
             )
         page = client.get(f"/jobs/{secure.pk}/").content.decode()
         scores = list(ContributionScore.objects.filter(job=secure).select_related("site"))
-        return secure, plain, page, scores
+        frames = {site: _site_rows(w, secure, site) for site in SITES}
+        return secure, plain, page, scores, frames
 
 
 def _site_rows(w, job, site: str):
@@ -139,11 +140,12 @@ def _site_rows(w, job, site: str):
     return site_frame(table.data, spec, test_fraction=0.2, seed=42)
 
 
-def _true_updates(w, job) -> dict[int, dict[str, tuple[list, list, int]]]:
-    """round → site → (global model received, local weights, training rows), recomputed."""
+def _true_updates(w, job, frames) -> dict[int, dict[str, tuple[list, list, int]]]:
+    """round → site → (global model received, local weights, training rows), recomputed from
+    each site's frame (``frames``: site → its rows, read from its own store)."""
     out: dict[int, dict[str, tuple[list, list, int]]] = {}
     for site in SITES:
-        frame = _site_rows(w, job, site)
+        frame = frames[site]
         for line in (w.received_log_dir / f"{site}.jsonl").read_text().splitlines():
             entry = json.loads(line)
             if entry["message_type"] != "train" or entry["run_config"]["job-id"] != job.pk:
@@ -193,7 +195,7 @@ def _reply_vectors(w, job) -> list[np.ndarray]:
 
 
 def test_secagg_job_completes_with_the_accuracy_of_plain_fedavg(jobs):
-    secure, plain, _, _ = jobs
+    secure, plain, *_ = jobs
     assert secure.status == JobStatus.COMPLETED, secure.status_detail
     assert plain.status == JobStatus.COMPLETED, plain.status_detail
     a, b = secure.final_metrics["eval_accuracy"], plain.final_metrics["eval_accuracy"]
@@ -204,9 +206,9 @@ def test_secagg_job_completes_with_the_accuracy_of_plain_fedavg(jobs):
 
 
 def test_the_serverapp_never_held_a_sites_update(jobs, secagg_world):
-    secure = jobs[0]
+    secure, frames = jobs[0], jobs[4]
     w = secagg_world
-    truth = _true_updates(w, secure)
+    truth = _true_updates(w, secure, frames)
     assert sorted(truth) == list(range(1, ROUNDS + 1))
     assert all(set(sites) == set(SITES) for sites in truth.values())
     # The recomputation is right: each next global model is the example-weighted mean.
@@ -238,7 +240,7 @@ def test_the_serverapp_never_held_a_sites_update(jobs, secagg_world):
 
 
 def test_job_page_and_accounting_say_data_volume(jobs):
-    secure, _, page, scores = jobs
+    secure, _, page, scores, _ = jobs
     assert "SecAgg+" in page and "data volume" in page
     assert "Individual updates were hidden by secure aggregation" in page
     assert secure.final_metrics["updates_hidden"] is True

@@ -16,6 +16,9 @@ Flow of one run (one portal job):
    message was sent to (SuperLink errors come from node 1). A site that errs, times out or sends a
    reply that does not fit the contract (``frp_flwr.contract``: types, ranges, finite numbers, the
    global model's shapes) is dropped; fewer than ``min_sites`` replies fail the run.
+   A secure-aggregation job (``JobSpec.privacy.secagg``) trains through Flower's SecAgg+ workflow
+   instead (``frp_flwr.secagg``, ADR 0027): the ServerApp gets only the sum of the sites' updates
+   (each site's metrics in clear, bounded as above) and no contribution is evaluated.
 3. **Reporting** — after every round a signed callback to the portal with the aggregate and per-site
    metrics (including each site's metering: CPU and wall seconds, bytes received and sent); the
    portal may answer with sites to drop (revoked grants). At the end a ``finished`` callback with
