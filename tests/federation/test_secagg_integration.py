@@ -54,6 +54,9 @@ def secagg_world(django_db_setup, django_db_blocker, live_server, tmp_path_facto
         root=tmp_path_factory.mktemp("flower-secagg"),
         live_server=live_server,
         django_db_blocker=django_db_blocker,
+        # each of SecAgg+'s four exchanges a round waits up to this (a shared 2-CPU machine can
+        # take minutes to start a ClientApp process); a stage that outlasts it halts the round
+        env={"FRP_ROUND_TIMEOUT": "900"},
     ) as world:
         yield world
 
