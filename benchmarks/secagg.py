@@ -41,6 +41,7 @@ from sandbox.keyring import SiteKeyring  # noqa: E402
 from sandbox.storage import FilesystemStore  # noqa: E402
 
 POLL_SECONDS = 0.2
+ROUND_TIMEOUT = 900.0
 FEDERATION = "bench"
 
 
@@ -98,7 +99,12 @@ def run_config(fed: Federation, *, rounds: int, secagg: bool) -> dict:
         privacy={"secagg": True} if secagg else {},
     )
     return contract.RunConfig(
-        job_spec=spec.to_text(), num_rounds=rounds, local_epochs=3, contribution=False
+        job_spec=spec.to_text(),
+        num_rounds=rounds,
+        local_epochs=3,
+        contribution=False,
+        round_timeout=ROUND_TIMEOUT,  # per exchange: generous, a shared machine is slow
+        discovery_timeout=ROUND_TIMEOUT,
     ).to_flower()
 
 

@@ -40,6 +40,8 @@ from federation.models import (
     ReleaseDecision,
     ReleaseStatus,
     RoundMetric,
+    SiteNode,
+    SiteNodeStatus,
     SiteRoundMetric,
 )
 from federation.signals import job_finished
@@ -469,10 +471,28 @@ def _results_final(job: FederatedJob, what: str) -> None:
 
 
 def _record_started(job: FederatedJob, sites: dict[str, JobSite], event: contract.Started):
-    """Discovery: each found site's node id (it trains from now on); sites that erred fail."""
+    """Discovery: each found site's node id (it trains from now on); sites that erred fail.
+
+    A site with a registered SuperNode (``SiteNode``, node authentication) must have been found
+    at that node: any other node that answered in its name fails it (the answer drops it)."""
     _unknown_sites([*event.nodes, *event.errors, *event.missing], sites, "started")
+    registered = dict(
+        SiteNode.objects.filter(
+            site__slug__in=list(event.nodes), status=SiteNodeStatus.REGISTERED
+        ).values_list("site__slug", "node_id")
+    )
     for slug, node_id in event.nodes.items():
         js = sites[slug]
+        want = registered.get(slug)
+        if want is not None and want != node_id:
+            js.node_id = node_id
+            js.status = JobSiteStatus.FAILED
+            js.last_error = (
+                f"node {node_id} answered as {slug}, but the SuperNode registered for {slug} is "
+                f"node {want}: refused at discovery"
+            )
+            js.save(update_fields=["node_id", "status", "last_error"])
+            continue
         js.node_id = node_id
         js.status = JobSiteStatus.TRAINING
         js.save(update_fields=["node_id", "status"])
@@ -703,6 +723,12 @@ def job_callback_record(*, job_id: int, seq: int, event: contract.Event) -> cont
     limits = {slug: site_limits(js) for slug, js in sites.items()}
 
     drop = _revoked_sites(job, sites)
+    if isinstance(event, contract.Started):  # impostor nodes (``_record_started``)
+        drop += [
+            slug
+            for slug in event.nodes
+            if slug not in drop and sites[slug].status == JobSiteStatus.FAILED
+        ]
     if isinstance(event, contract.Round):  # the ServerApp drops these before its next round
         _mark_dropped(sites, drop, after_round=event.round)
         drop += [  # sites whose figures this round were refused (``_round_problem``)

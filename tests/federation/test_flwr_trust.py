@@ -274,6 +274,62 @@ def test_a_site_claiming_more_rows_at_discovery_is_refused():
     assert portal.of("contribution")[0].players == ["hospital-a", "hospital-c"]
 
 
+def test_a_refused_sites_aggregates_do_not_shape_the_preprocessing():
+    """The refused site is left out of the preprocessing too: ``started`` is posted again with
+    the sites left, and its preparation covers only them."""
+    nodes = _honest()
+    nodes[102].tamper = _summary_tamper(rows=10**12)
+
+    portal = _run(nodes)
+
+    first, second = portal.of("started")
+    assert set(first.preparation.sites) == set(ROWS)
+    assert set(second.nodes) == set(second.preparation.sites) == {"hospital-a", "hospital-c"}
+
+
+class RefusingPortal(Portal):
+    """A portal whose answer to ``started`` drops ``refuse`` (an impostor node, or a revoked
+    grant, as ``federation.services.job_callback_record`` answers)."""
+
+    def __init__(self, limits, refuse: list[str]):
+        super().__init__(limits)
+        self.refuse = refuse
+
+    def post(self, event):
+        answer = super().post(event)
+        if event.name == "started":
+            return replace(answer, drop_sites=[s for s in self.refuse if s in event.nodes])
+        return answer
+
+
+def test_the_sites_the_portal_drops_at_discovery_take_no_part():
+    """Issue 9: the portal holds each found node against the site's registered SuperNode; the
+    ServerApp drops the sites it refuses before any round and fits the preprocessing without
+    them."""
+    cfg = _cfg()
+    portal = RefusingPortal(
+        {s: SiteLimits(rows=n, cores=1) for s, n in ROWS.items()}, ["hospital-b"]
+    )
+    server_app.run_job(NodeGrid(_honest(), cfg.to_flower()), cfg, portal)
+
+    assert set(portal.of("started")[-1].preparation.sites) == {"hospital-a", "hospital-c"}
+    entry = portal.of("round")[0].sites["hospital-b"]
+    assert not entry.ok and "refused by the portal at discovery" in entry.error
+    for event in portal.of("round")[1:]:
+        assert "hospital-b" not in event.sites
+    assert portal.of("contribution")[0].players == ["hospital-a", "hospital-c"]
+
+
+def test_too_few_sites_left_after_the_portal_refuses_fails_the_job():
+    cfg = _cfg()
+    portal = RefusingPortal(
+        {s: SiteLimits(rows=n, cores=1) for s, n in ROWS.items()}, ["hospital-b", "hospital-c"]
+    )
+    with pytest.raises(server_app.JobFailed, match="Only 1 sites could take part"):
+        server_app.run_job(NodeGrid(_honest(), cfg.to_flower()), cfg, portal)
+    assert not portal.of("round")
+
+
 def test_coalition_utilities_are_the_median_of_the_evaluating_sites():
     """Variant 1a (contribution): hospital-c scored coalitions with itself 1.0 and without it
     0.0 and got a Shapley share of 1.0. Its scores cannot be verified; the median of three sites

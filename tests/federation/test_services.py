@@ -303,6 +303,34 @@ def test_callback_answers_sites_whose_grant_was_revoked(world, fake_superlink, l
     assert dropped.status == JobSiteStatus.DROPPED and "round 1" in dropped.last_error
 
 
+def test_callback_started_refuses_a_node_that_is_not_the_sites_registered_supernode(
+    world, fake_superlink, launch
+):
+    """Issue 9 (node-id ↔ site binding): with node authentication each site's SuperNode is
+    registered under one node id; another node answering discovery in that site's name (an
+    institution's own SuperNode claiming a second site) fails the site and the answer drops it.
+    A site found at its registered node, or with no registration (the embedded default), trains."""
+    from federation.models import SiteNode
+
+    job = launch(world)
+    a, b = (v.dataset.site for v in world["versions"])
+    SiteNode.objects.create(site=a, public_key="ecdsa-sha2-nistp384 AAAA a", node_id="111")
+    SiteNode.objects.create(site=b, public_key="ecdsa-sha2-nistp384 AAAA b", node_id="222")
+
+    answer = record(job, {"event": "started", "nodes": {a.slug: "111", b.slug: "111"}})
+
+    assert answer["drop_sites"] == [b.slug]
+    impostor = job.sites.get(site=b)
+    assert impostor.status == JobSiteStatus.FAILED
+    assert "node 111 answered as" in impostor.last_error and "node 222" in impostor.last_error
+    assert job.sites.get(site=a).status == JobSiteStatus.TRAINING
+
+    SiteNode.objects.filter(site=b).delete()  # no registration: nothing to hold it against
+    answer = record(job, {"event": "started", "nodes": {a.slug: "111", b.slug: "333"}})
+    assert answer["drop_sites"] == []
+    assert job.sites.get(site=b).status == JobSiteStatus.TRAINING
+
+
 def test_callback_for_finished_job_refused(world, fake_superlink, launch):
     job = launch(world)
     FederatedJob.objects.filter(pk=job.pk).update(status=JobStatus.COMPLETED)

@@ -285,9 +285,10 @@ def secure_train_round(
         if node not in polled.collected:
             errors.setdefault(node, "dropped out of the secure aggregation")
     if not strategy.aggregated:
+        why = "; ".join(f"node {n}: {e}" for n, e in sorted(errors.items())) or "no reason known"
         raise SecAggError(
             f"round {rnd}: secure aggregation halted: {len(polled.collected)} of {len(nodes)} "
-            "sites sent a masked update and enough shares to unmask the sum are needed"
+            f"sites sent a masked update and enough shares to unmask the sum are needed ({why})"
         )
     mean = context.state.array_records[MAIN_PARAMS_RECORD].to_numpy_ndarrays()
     if [a.shape for a in mean] != [a.shape for a in global_layers]:

@@ -961,12 +961,35 @@ def _refuse_by_limits(
     return faulty
 
 
+def _refused_by_portal(found: _Discovered, drop: list[str], min_sites: int) -> dict[str, str]:
+    """Remove from ``found.active`` the sites the portal's answer to ``started`` drops: a node
+    that is not the SuperNode registered for the site it names, or a site whose grant is no
+    longer valid (the portal keeps the reason on the job's site). Returns site → why. Raises
+    ``JobFailed`` when fewer than ``min_sites`` are left."""
+    refused = {
+        site: "refused by the portal at discovery (its node is not the SuperNode registered for "
+        "this site, or its grant is no longer valid)"
+        for site in sorted(set(drop) & set(found.active))
+    }
+    for site in refused:
+        found.active.pop(site)
+    if refused and len(found.active) < min_sites:
+        raise JobFailed(
+            f"Only {len(found.active)} sites could take part, and the job needs {min_sites}. "
+            + " ".join(f"{s} was {e}." for s, e in refused.items())
+        )
+    return refused
+
+
 def _start(grid: Grid, cfg: RunConfig, reporter: Reporter, found: _Discovered) -> _Run:
     """Step 2: the federated preprocessing (:func:`prepare`: fills, vocabularies,
     standardisation, the global class list), posted with ``started``; the portal's answer's
     limits refuse the sites whose discovery row counts are out of them (:func:`_refuse_by_limits`)
-    and bound every later reply (:func:`bounds_check`); the initial model. Raises ``JobFailed``
-    (after posting ``started``) when the data cannot be prepared or too few sites are left."""
+    and bound every later reply (:func:`bounds_check`), its ``drop_sites`` refuse impostor nodes
+    and revoked grants (:func:`_refused_by_portal`); when any site is refused the preprocessing
+    is fitted again without it and ``started`` posted again with the sites left; the initial
+    model. Raises ``JobFailed`` (after posting ``started``) when the data cannot be prepared or
+    too few sites are left."""
     active, site_reply, started = found.active, found.site_reply, found.started
     try:
         prepared = prepare(
@@ -976,8 +999,29 @@ def _start(grid: Grid, cfg: RunConfig, reporter: Reporter, found: _Discovered) -
         reporter.post(started)
         raise
     answer = reporter.post(replace(started, preparation=prepared.preparation))
+    faulty = _refuse_by_limits(found, answer.limits, cfg.spec.min_sites)
+    faulty.update(_refused_by_portal(found, answer.drop_sites, cfg.spec.min_sites))
+    if faulty:  # a refused site's aggregates must not shape the preprocessing: prepare again
+        try:
+            prepared = prepare(
+                grid,
+                cfg.spec,
+                active,
+                site_reply,
+                timeout=cfg.round_timeout,
+                poll=cfg.poll_interval,
+            )
+        except JobFailed:
+            reporter.post(replace(started, nodes={s: started.nodes[s] for s in active}))
+            raise
+        answer = reporter.post(
+            replace(
+                started,
+                nodes={s: started.nodes[s] for s in active},
+                preparation=prepared.preparation,
+            )
+        )
     limits = answer.limits
-    faulty = _refuse_by_limits(found, limits, cfg.spec.min_sites)
     fitted = prepared.fitted
     classes = fitted.classes
     arrays = ArrayRecord(init_params(len(fitted.mean), max(1, len(fitted.classes))))
