@@ -18,6 +18,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from frp_flwr.checkpoints import STORE_ENV
 from frp_flwr.signing import KEY_ENV, KEY_FILE_ENV, SignatureError, job_key, master_key_from_text
 
 
@@ -62,16 +63,19 @@ def serverapp_environment() -> dict[str, str]:
     """What the SuperLink's environment needs so its ServerApps can sign (and nothing else).
 
     ``{"FRP_CALLBACK_KEY_FILE": path}`` for the key file (the key stays in a 0600 file), or
-    ``{"FRP_CALLBACK_KEY": key}`` when the portal has it from its own environment.
+    ``{"FRP_CALLBACK_KEY": key}`` when the portal has it from its own environment; and
+    ``FRP_MODEL_STORE_URL``, where the ServerApps save their round checkpoints (it may hold the
+    store's credentials).
     """
     master_key()  # creates the file when needed, and checks the key
+    store = {STORE_ENV: settings.FRP_MODEL_STORE_URL}  # round checkpoints (frp_flwr.checkpoints)
     if settings.FRP_CALLBACK_KEY:
-        return {KEY_ENV: settings.FRP_CALLBACK_KEY}
-    return {KEY_FILE_ENV: str(Path(settings.FRP_CALLBACK_KEY_FILE))}
+        return {KEY_ENV: settings.FRP_CALLBACK_KEY, **store}
+    return {KEY_FILE_ENV: str(Path(settings.FRP_CALLBACK_KEY_FILE)), **store}
 
 
 #: Environment variables that must never reach a SuperNode (or its ClientApps).
-SECRET_ENV = (KEY_ENV, KEY_FILE_ENV)
+SECRET_ENV = (KEY_ENV, KEY_FILE_ENV, STORE_ENV)
 
 
 def run_key(*, job_id: int, run_id: str) -> bytes:

@@ -8,6 +8,8 @@ from django import forms
 
 from federation import columns as job_columns
 from frp_flwr.contract import FEATURE_KINDS, MISSING_RULES, RULES_FOR_KIND, FeaturePlan
+from frp_flwr.models import MLP_DEFAULTS, ModelSpecError, read_model_spec
+from frp_flwr.strategies import LABELS, STRATEGIES, StrategySpecError, read_strategy_spec
 from portal.selectors import projects_for_user
 from sandbox.selectors import stewarded_institution_ids, usable_versions
 
@@ -73,6 +75,113 @@ class JobSubmitForm(forms.Form):
         "individual update exists, contribution is then measured by data volume and compute "
         "(each site's training examples and metered work), not by Shapley value.",
     )
+
+    # --- model and strategy (frp_flwr.models, frp_flwr.strategies) ---------------------------
+    model_kind = forms.ChoiceField(
+        label="Model",
+        choices=[
+            ("linear", "Logistic / linear regression"),
+            ("mlp", "Multilayer perceptron (MLP)"),
+        ],
+        initial="linear",
+        required=False,
+        help_text="Logistic regression (linear regression for a numeric target) is convex and "
+        "needs few rounds; an MLP learns non-linear effects and needs more rounds and data.",
+    )
+    mlp_hidden = forms.CharField(
+        label="MLP hidden layers",
+        required=False,
+        initial="32",
+        help_text="Units per hidden layer, comma-separated (e.g. 64,32): 1 to 4 layers of 1 to "
+        "1024 units.",
+    )
+    mlp_activation = forms.ChoiceField(
+        label="MLP activation",
+        choices=[("relu", "ReLU"), ("tanh", "tanh")],
+        initial="relu",
+        required=False,
+        help_text="The hidden units' non-linearity.",
+    )
+    mlp_dropout = forms.FloatField(
+        label="MLP dropout",
+        required=False,
+        initial=0.0,
+        help_text="Share of hidden units dropped at random while training (0 to 0.9); 0: none.",
+    )
+    strategy_name = forms.ChoiceField(
+        label="Strategy",
+        choices=[(k, LABELS[k]) for k in STRATEGIES],
+        initial="fedavg",
+        required=False,
+        help_text="How the sites' updates are combined each round. FedProx keeps sites with "
+        "different data close to the global model; FedAdam/FedYogi/FedAdagrad add a server-side "
+        "optimiser; FedMedian, FedTrimmedAvg and Krum resist a faulty site.",
+    )
+    fedprox_mu = forms.FloatField(
+        label="FedProx μ",
+        required=False,
+        initial=STRATEGIES["fedprox"][1]["mu"][1],
+        help_text="Weight of the proximal term μ/2·‖w − w_global‖² in each site's training "
+        "(0 to 100; 0 is FedAvg).",
+    )
+    server_eta = forms.FloatField(
+        label="Server learning rate η",
+        required=False,
+        help_text="FedAdam/FedYogi/FedAdagrad: the server optimiser's step (0 to 10). Empty: "
+        "Flower's default (0.1; FedYogi 0.01).",
+    )
+    server_eta_l = forms.FloatField(
+        label="Site learning rate η_l",
+        required=False,
+        help_text="FedAdam/FedYogi/FedAdagrad: the sites' SGD step (replaces the learning rate "
+        "above). Empty: the learning rate above.",
+    )
+    server_tau = forms.FloatField(
+        label="Adaptivity τ",
+        required=False,
+        help_text="FedAdam/FedYogi/FedAdagrad: added to the root of the second moment (0 to 1). "
+        "Empty: 0.001.",
+    )
+    server_beta_1 = forms.FloatField(
+        label="Momentum β₁",
+        required=False,
+        help_text="FedAdam/FedYogi: first-moment decay in [0, 1). Empty: 0.9.",
+    )
+    server_beta_2 = forms.FloatField(
+        label="Second moment β₂",
+        required=False,
+        help_text="FedAdam/FedYogi: second-moment decay in [0, 1). Empty: 0.99.",
+    )
+    trimmed_beta = forms.FloatField(
+        label="Trimmed share β",
+        required=False,
+        initial=STRATEGIES["fedtrimmedavg"][1]["beta"][1],
+        help_text="FedTrimmedAvg: share cut from each tail per coordinate, in [0, 0.5).",
+    )
+    krum_faulty = forms.IntegerField(
+        label="Krum: faulty sites tolerated",
+        required=False,
+        initial=0,
+        min_value=0,
+        help_text="Krum: the number f of faulty sites to tolerate; needs more than 2f + 2 sites.",
+    )
+
+    #: Where a spec field's error shows on the form.
+    SPEC_FIELDS = {
+        "model.kind": "model_kind",
+        "model.hidden": "mlp_hidden",
+        "model.activation": "mlp_activation",
+        "model.dropout": "mlp_dropout",
+        "strategy.name": "strategy_name",
+        "strategy.mu": "fedprox_mu",
+        "strategy.eta_l": "server_eta_l",
+        "strategy.eta": "server_eta",
+        "strategy.tau": "server_tau",
+        "strategy.beta_1": "server_beta_1",
+        "strategy.beta_2": "server_beta_2",
+        "strategy.beta": "trimmed_beta",
+        "strategy.num_malicious_nodes": "krum_faulty",
+    }
 
     columns_for = forms.CharField(required=False, widget=forms.HiddenInput)
 
@@ -253,8 +362,76 @@ class JobSubmitForm(forms.Form):
             raise forms.ValidationError("A column is listed twice.")
         return cols
 
+    def _spec_error(self, exc: Exception, default: str) -> None:
+        text = str(exc)
+        where = text.split(":", 1)[0]
+        field = next(
+            (
+                f
+                for key, f in sorted(self.SPEC_FIELDS.items(), key=lambda kv: -len(kv[0]))
+                if where.startswith(key)
+            ),
+            default,
+        )
+        message = text.split(":", 1)[1].strip() if ":" in text else text
+        self.add_error(
+            field, message[:1].upper() + message[1:] + ("" if message.endswith(".") else ".")
+        )
+
+    def model_choice(self) -> dict | None:
+        """The model spec from the model fields (``frp_flwr.models``); ``None`` (and inline
+        errors) when a value does not fit."""
+        kind = self.cleaned_data.get("model_kind") or "linear"
+        raw: dict = {"kind": kind}
+        if kind == "mlp":
+            text = (self.cleaned_data.get("mlp_hidden") or "").strip()
+            try:
+                hidden = [int(h) for h in text.split(",") if h.strip()] if text else None
+            except ValueError:
+                self.add_error("mlp_hidden", "Give whole numbers separated by commas, e.g. 64,32.")
+                return None
+            if hidden is not None:
+                raw["hidden"] = hidden
+            raw["activation"] = self.cleaned_data.get("mlp_activation") or "relu"
+            dropout = self.cleaned_data.get("mlp_dropout")
+            raw["dropout"] = MLP_DEFAULTS["dropout"] if dropout is None else dropout
+        try:
+            return read_model_spec(raw)
+        except ModelSpecError as exc:
+            self._spec_error(exc, "model_kind")
+            return None
+
+    def strategy_choice(self) -> dict | None:
+        """The strategy spec from the strategy fields (``frp_flwr.strategies``); empty fields
+        take Flower's defaults (FedOpt's η_l: the learning rate); ``None`` on errors."""
+        name = self.cleaned_data.get("strategy_name") or "fedavg"
+        raw: dict = {"name": name}
+        fields = {
+            "mu": "fedprox_mu",
+            "eta": "server_eta",
+            "eta_l": "server_eta_l",
+            "tau": "server_tau",
+            "beta_1": "server_beta_1",
+            "beta_2": "server_beta_2",
+            "beta": "trimmed_beta",
+            "num_malicious_nodes": "krum_faulty",
+        }
+        for key in STRATEGIES.get(name, ("", {}))[1]:
+            value = self.cleaned_data.get(fields[key])
+            if value is not None:
+                raw[key] = value
+        if name in ("fedadam", "fedyogi", "fedadagrad") and "eta_l" not in raw:
+            raw["eta_l"] = self.cleaned_data.get("learning_rate") or 0.1
+        try:
+            return read_strategy_spec(raw)
+        except StrategySpecError as exc:
+            self._spec_error(exc, "strategy_name")
+            return None
+
     def clean(self):
         cleaned = super().clean()
+        cleaned["model"] = self.model_choice()
+        cleaned["strategy"] = self.strategy_choice()
         target = cleaned.get("target_column")
         if self.table_posted:
             cleaned["feature_columns"], cleaned["preprocessing"] = self.table_choice()

@@ -347,6 +347,16 @@ class FederatedJob(models.Model):
     )
     model = models.CharField(max_length=32, default="logreg")
     strategy = models.CharField(max_length=32, default="fedavg")
+    model_spec = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The model and its hyper-parameters (frp_flwr.models); empty: linear.",
+    )
+    strategy_spec = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The strategy and its parameters (frp_flwr.strategies); empty: FedAvg.",
+    )
     num_rounds = models.PositiveIntegerField(default=5)
     local_epochs = models.PositiveIntegerField(default=5)
     learning_rate = models.FloatField(default=0.1)
@@ -377,6 +387,24 @@ class FederatedJob(models.Model):
     )
     final_metrics = models.JSONField(default=dict, blank=True)
     failure_reason = models.TextField(blank=True, help_text="Reason reported by the ServerApp.")
+    model_key = models.CharField(
+        max_length=200,
+        blank=True,
+        editable=False,
+        help_text="Object key of the final model in the model store (federation.artifacts); the "
+        "model itself is never in this row.",
+    )
+    resume_round = models.PositiveIntegerField(
+        default=0,
+        editable=False,
+        help_text="The round checkpoint the current run resumed from (0: a fresh run).",
+    )
+    earlier_runs = models.JSONField(
+        default=list,
+        blank=True,
+        editable=False,
+        help_text="Flower run ids this job ran under before it was resumed (oldest first).",
+    )
 
     # Scheduling request and the scheduler's latest word (``federation.admission``).
     policy = models.CharField(
@@ -417,6 +445,27 @@ class FederatedJob(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.title}"
+
+    @property
+    def model_description(self) -> str:
+        """The model and its hyper-parameters in one line (``frp_flwr.models.describe_model``)."""
+        from frp_flwr.models import describe_model
+
+        return describe_model(self.model_spec or {"kind": "linear"}, task=self.task)
+
+    @property
+    def strategy_description(self) -> str:
+        """The strategy and its parameters in one line (``strategies.describe_strategy``)."""
+        from frp_flwr.strategies import describe_strategy
+
+        return describe_strategy(self.strategy_spec or {"name": "fedavg"})
+
+    @property
+    def contribution_reconstruction(self) -> str:
+        """How the contribution's coalition models are rebuilt under this job's strategy."""
+        from frp_flwr.strategies import reconstruction_note
+
+        return reconstruction_note(self.strategy_spec or {"name": "fedavg"})
 
     @property
     def is_terminal(self) -> bool:

@@ -41,11 +41,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from federation import pki, superlink
+from frp_flwr.checkpoints import STORE_ENV
 from frp_flwr.signing import KEY_ENV, KEY_FILE_ENV
 from frp_site import nodekey, supernode
 
 #: Never passed to a SuperNode: the ServerApp's callback key (see frp_flwr.signing).
-_SERVERAPP_ONLY = (KEY_ENV, KEY_FILE_ENV)
+_SERVERAPP_ONLY = (KEY_ENV, KEY_FILE_ENV, STORE_ENV)
 
 #: flwr 1.42's setting of the SuperExec's task poll interval, in seconds (1.0 when unset).
 SUPEREXEC_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"

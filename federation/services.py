@@ -29,7 +29,7 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from federation import admission, columns, notifications, superlink
+from federation import admission, artifacts, columns, notifications, superlink
 from federation.models import (
     ComputePool,
     FederatedJob,
@@ -44,7 +44,7 @@ from federation.models import (
     SiteNodeStatus,
     SiteRoundMetric,
 )
-from federation.signals import job_finished
+from federation.signals import job_finished, job_resumed
 from frp_flwr import contract
 from portal.ledger.services import ledger_append
 from portal.models import Role
@@ -159,6 +159,32 @@ def _validate_columns(
     return task, features, out_plans
 
 
+def _validate_training(
+    model: dict | None, strategy: dict | None, *, sites: int, secure_aggregation: bool = False
+):
+    """The complete model and strategy specs (``contract.read_model_choice`` /
+    ``read_strategy_choice``); raises ``JobError`` on ``model_kind`` / ``strategy_name`` (also
+    for a strategy that needs individual updates in a secure-aggregation job,
+    ``strategies.secagg_problem``)."""
+    from frp_flwr.strategies import krum_problem, secagg_problem
+
+    try:
+        model_spec = contract.read_model_choice(model or {"kind": "linear"})
+    except contract.ContractError as exc:
+        raise JobError("model", {"model_kind": [str(exc)]}) from None
+    try:
+        strategy_spec = contract.read_strategy_choice(strategy or {"name": "fedavg"})
+    except contract.ContractError as exc:
+        raise JobError("strategy", {"strategy_name": [str(exc)]}) from None
+    problem = krum_problem(strategy_spec, sites)
+    if problem:
+        raise JobError("strategy", {"strategy_name": [problem]})
+    problem = secagg_problem(strategy_spec) if secure_aggregation else ""
+    if problem:
+        raise JobError("strategy under secure aggregation", {"strategy_name": [problem]})
+    return model_spec, strategy_spec
+
+
 @transaction.atomic
 def job_submit(
     *,
@@ -174,6 +200,8 @@ def job_submit(
     learning_rate: float = 0.1,
     secure_aggregation: bool = False,
     schedule: dict | None = None,
+    model: dict | None = None,
+    strategy: dict | None = None,
 ) -> FederatedJob:
     """Validate and queue a job; its launch is queued after the transaction commits.
 
@@ -184,12 +212,18 @@ def job_submit(
     target's type decides the task. Raises ``JobError`` (with per-field messages) otherwise.
 
     ``secure_aggregation``: train with SecAgg+ (``frp_flwr.secagg``; contribution then by data
-    volume, ``final_metrics["updates_hidden"]``).
+    volume, ``final_metrics["updates_hidden"]``); the strategy must then need only the weighted
+    mean (FedAvg, FedProx, FedAdam, FedYogi, FedAdagrad), else ``JobError`` on ``strategy_name``.
 
     ``schedule`` (optional): ``policy`` (``SchedulePolicy`` value), ``deadline`` (aware datetime),
     ``budget_cap`` (``Decimal``), ``qos``, ``preemptible``, ``cores`` / ``memory_gib`` / ``gpus``
     per site (the same request at every site). The run time is estimated here
     (``admission.duration_estimate``).
+
+    ``model`` (``{"kind": "linear"|"mlp", …}``) and ``strategy`` (``{"name": "fedavg"|…, …}``):
+    validated by the contract (``frp_flwr.models`` / ``frp_flwr.strategies``) and stored complete;
+    ``None`` means linear + FedAvg. Krum's ``num_malicious_nodes`` must leave more than
+    ``2f + 2`` sites. A bad value raises ``JobError`` on ``model_kind`` or ``strategy_name``.
     """
     schedule = dict(schedule or {})
     if not can(by, "job.submit", project):
@@ -215,6 +249,9 @@ def job_submit(
             "no valid grant",
             {"datasets": [f"No valid access grant for this project: {', '.join(ungranted)}."]},
         )
+    model_spec, strategy_spec = _validate_training(
+        model, strategy, sites=len(versions), secure_aggregation=secure_aggregation
+    )
     task, features, plans = _validate_columns(
         versions, target_column, list(feature_columns or []), list(preprocessing or [])
     )
@@ -236,6 +273,10 @@ def job_submit(
         local_epochs=local_epochs,
         learning_rate=learning_rate,
         secure_aggregation=secure_aggregation,
+        model=model_spec["kind"],
+        model_spec=model_spec,
+        strategy=strategy_spec["name"],
+        strategy_spec=strategy_spec,
         policy=schedule.get("policy") or "asap",
         deadline=schedule.get("deadline"),
         budget_cap=schedule.get("budget_cap"),
@@ -289,6 +330,8 @@ def job_run_config(job: FederatedJob) -> contract.RunConfig:
         min_sites=MIN_SITES,
         task=job.task,
         plans=[contract.FeaturePlan(**p) for p in job.preprocessing],
+        model=dict(job.model_spec or {"kind": "linear"}),
+        strategy=dict(job.strategy_spec or {"name": "fedavg"}),
         privacy={"secagg": True} if job.secure_aggregation else {},
     )
     callback = settings.FRP_CALLBACK_BASE_URL.rstrip("/") + reverse(
@@ -308,6 +351,7 @@ def job_run_config(job: FederatedJob) -> contract.RunConfig:
             else ""
         ),
         launch_nonce=job.launch_nonce,
+        resume_round=job.resume_round,
     )
 
 
@@ -600,9 +644,16 @@ def _record_round(job: FederatedJob, sites: dict[str, JobSite], event: contract.
 
 
 def _record_finished(job: FederatedJob, sites: dict[str, JobSite], event: contract.Finished):
-    """The final model and its evaluation, once: a second ``finished`` is refused."""
+    """The final model and its evaluation, once: a second ``finished`` is refused. The model is
+    written to the model store (``federation.artifacts``) and only its key to the row."""
     _results_final(job, "another finished event")
     _unknown_sites(event.sites, sites, "finished")
+    # The model goes to the model store, never into the row (ADR 0026). A store that fails raises
+    # ArtifactError: nothing is recorded, and the callback view answers 503 so the ServerApp
+    # retries the same event.
+    job.model_key = artifacts.model_put(
+        job=job, weights=event.model, classes=list(event.classes), preprocessing=event.preprocessing
+    )
     job.final_metrics = {
         **job.final_metrics,
         "eval_accuracy": event.eval_accuracy,
@@ -610,14 +661,13 @@ def _record_finished(job: FederatedJob, sites: dict[str, JobSite], event: contra
         "eval_examples": event.eval_examples,
         "rounds": event.rounds,
         "classes": list(event.classes),
-        "model": event.model,
         "metrics": event.metrics.to_json() if event.metrics else None,
         "baseline": event.baseline.to_json() if event.baseline else None,
         "preprocessing": event.preprocessing,
         # SecAgg+: the ServerApp saw only sums, so contribution is by data volume (accounting)
         "updates_hidden": bool(job.secure_aggregation),
     }
-    job.save(update_fields=["final_metrics"])
+    job.save(update_fields=["final_metrics", "model_key"])
     for slug, info in event.sites.items():
         sites[slug].final_metrics = info.to_json()
         sites[slug].save(update_fields=["final_metrics"])
@@ -1042,6 +1092,84 @@ def job_stop(*, by, job_id: int) -> FederatedJob:
     return job
 
 
+def job_resume(*, by, job_id: int) -> FederatedJob:
+    """Resume a FAILED job (its ServerApp crashed or was stopped mid-job) from its latest round
+    checkpoint with a new Flower run; the job keeps its id, rounds and accounting.
+
+    The job goes back to QUEUED with ``resume_round = k`` (the checkpoint's round, sent as the
+    run-config key ``resume-round``: a number, not a secret); its earlier run id is kept in
+    ``earlier_runs``; rounds after ``k`` (posted before the checkpoint was written) are deleted,
+    as the new run trains them again; the sites still training at the checkpoint are pending
+    again; ``callback_seq`` starts again (the new run signs with its own key, so the old run's
+    events cannot be replayed). Audited as ``job.resume``; the launch is queued on commit.
+    Raises ``JobError`` for a user who is not the job's submitter, a job that is not FAILED or
+    has its final results, or one with no checkpoint (or a model store that cannot be read).
+    """
+    job = FederatedJob.objects.select_related("project").get(pk=job_id)
+    if not can(by, "job.resume", job):
+        raise JobError("only the job's submitter may resume it")
+    try:
+        rnd = artifacts.checkpoint_round(job)
+        active = artifacts.checkpoint_active_sites(job, rnd) if rnd else []
+    except artifacts.ArtifactError as exc:
+        raise JobError(f"the job's checkpoints cannot be read: {exc}") from None
+    with transaction.atomic():
+        job = FederatedJob.objects.select_for_update().get(pk=job_id)
+        if job.status != JobStatus.FAILED:
+            raise JobError(f"only a failed job can be resumed; this one is {job.status}")
+        if "rounds" in job.final_metrics:
+            raise JobError("the job's training finished (its final results are recorded)")
+        if not rnd:
+            raise JobError(
+                "the job has no round checkpoint to resume from (it failed before its first "
+                "round was saved): submit it again"
+            )
+        earlier = job.flower_run_id
+        job.earlier_runs = [*job.earlier_runs, earlier] if earlier else list(job.earlier_runs)
+        job.flower_run_id = ""
+        job.launch_nonce = ""
+        job.resume_round = rnd
+        job.status = JobStatus.QUEUED
+        job.status_detail = f"queued to resume from the checkpoint after round {rnd}"
+        job.failure_reason = ""
+        job.finished_at = None
+        job.superlink_lost_at = None
+        job.callback_seq = 0
+        job.save(
+            update_fields=[
+                "earlier_runs",
+                "flower_run_id",
+                "launch_nonce",
+                "resume_round",
+                "status",
+                "status_detail",
+                "failure_reason",
+                "finished_at",
+                "superlink_lost_at",
+                "callback_seq",
+            ]
+        )
+        RoundMetric.objects.filter(job=job, round__gt=rnd).delete()
+        SiteRoundMetric.objects.filter(job_site__job=job, round__gt=rnd).delete()
+        for js in job.sites.select_related("site"):
+            if js.site.slug in active:
+                js.status = JobSiteStatus.PENDING
+                js.last_error = ""
+            js.rounds_completed = js.round_metrics.filter(ok=True).count()
+            js.save(update_fields=["status", "last_error", "rounds_completed"])
+        audit_record(
+            by=by,
+            action="job.resume",
+            target=job,
+            institution=job.project.institution,
+            from_round=rnd,
+            earlier_run=earlier,
+        )
+        job_resumed.send(sender=FederatedJob, job=job)
+        transaction.on_commit(signature(JOB_LAUNCH_TASK, args=(job.pk,)).delay, robust=True)
+    return job
+
+
 # ---------------------------------------------------------------------------------------------
 # Airlock: model release
 # ---------------------------------------------------------------------------------------------
@@ -1106,7 +1234,7 @@ def release_request(*, by, job):
     on their dataset approve at once, the others wait for their data steward. Idempotent."""
     if not can(by, "project.view", job.project):
         raise ReleaseError("only members of this job's project may ask for its model")
-    if job.status != JobStatus.COMPLETED or not job.final_metrics.get("model"):
+    if job.status != JobStatus.COMPLETED or not artifacts.has_model(job):
         raise ReleaseError("only a completed job with a final model can be released")
     release, created = ModelRelease.objects.get_or_create(job=job, defaults={"requested_by": by})
     if not created:

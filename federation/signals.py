@@ -9,3 +9,8 @@ app above connects its receivers in its ``AppConfig.ready()`` (accounting: its c
 from django.dispatch import Signal
 
 job_finished = Signal()
+
+#: Sent (``sender=FederatedJob``, ``job=…``) inside the transaction that queues a FAILED job to
+#: resume from its round checkpoint (``federation.services.job_resume``): the floors above may
+#: reopen what they recorded of its failed end (accounting: its steps run again when it ends).
+job_resumed = Signal()

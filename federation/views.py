@@ -9,12 +9,12 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db import DatabaseError
 from django.forms.utils import ErrorDict
-from django.http import Http404, JsonResponse
+from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from federation import callbacks, selectors, services
+from federation import artifacts, callbacks, selectors, services
 from federation.forms import JobScheduleForm, JobSubmitForm
 from federation.models import FederatedJob, ModelRelease, ReleaseStatus
 from federation.pool_selectors import REASONS
@@ -70,6 +70,8 @@ def job_create(request):
                 learning_rate=data["learning_rate"],
                 secure_aggregation=data.get("secure_aggregation", False),
                 schedule=sched.cleaned_data,
+                model=data["model"],
+                strategy=data["strategy"],
             )
         except services.JobError as exc:
             for field, errors in exc.field_errors.items():
@@ -138,7 +140,9 @@ def job_detail(request, pk: int):
     context = {
         "job": job,
         "can_stop": can(request.user, "job.stop", job),
+        "can_resume": job.status == "failed" and can(request.user, "job.resume", job),
         "is_member": can(request.user, "project.view", job.project),
+        "has_model": artifacts.has_model(job),
         "release": release,
         "release_waiting": selectors.release_waiting_sites(job=job, release=release),
         "energy": selectors.job_energy(job=job) if job.started_at else [],
@@ -229,15 +233,33 @@ def job_release_request(request, pk: int):
     return redirect("federation:job_detail", pk=job.pk)
 
 
+def _released_job(request, pk: int) -> FederatedJob:
+    """The job whose released model ``request.user`` may take: a member of its project, after
+    the airlock approved (404 otherwise, before approval too)."""
+    job = _job_or_404(request, pk)
+    if not can(request.user, "project.view", job.project):  # released to the project only
+        raise Http404("The model is released to the job's project")
+    release = getattr(job, "release", None)
+    if release is None or release.status != ReleaseStatus.APPROVED:
+        raise Http404("The model has not been released")
+    return job
+
+
+def _model_payload(job: FederatedJob) -> dict:
+    try:
+        payload = artifacts.model_payload(job)
+    except artifacts.ArtifactError as exc:
+        raise Http404(f"The model cannot be read from the model store: {exc}") from None
+    if payload is None:
+        raise Http404("The job has no final model")
+    return payload
+
+
 @login_required
 def job_model_download(request, pk: int):
     """The final model (JSON: classes, features, weights) once the airlock has released it."""
-    job = _job_or_404(request, pk)
-    release = getattr(job, "release", None)
-    if not can(request.user, "project.view", job.project):  # released to the project only
-        raise Http404("The model is released to the job's project")
-    if release is None or release.status != ReleaseStatus.APPROVED:
-        raise Http404("The model has not been released")
+    job = _released_job(request, pk)
+    payload = _model_payload(job)
     body = {
         "job": job.pk,
         "model": (
@@ -246,14 +268,62 @@ def job_model_download(request, pk: int):
             else "multinomial logistic regression (softmax), standardised features"
         ),
         "features": job.feature_columns,
-        "preprocessing": job.final_metrics.get("preprocessing") or job.preprocessing,
-        "classes": job.final_metrics.get("classes", []),
-        "weights": job.final_metrics.get("model", []),
+        "preprocessing": payload.get("preprocessing") or job.preprocessing,
+        "classes": payload.get("classes", []),
+        "weights": payload.get("weights", []),
         "federated_test_accuracy": job.final_metrics.get("eval_accuracy"),
     }
     response = JsonResponse(body)
     response["Content-Disposition"] = f'attachment; filename="job-{job.pk}-model.json"'
     return response
+
+
+@login_required
+def job_model_skops(request, pk: int):
+    """The released model as a ``.skops`` file: a scikit-learn Pipeline on the raw columns
+    (``federation.exporters``; ADR 0026). 404 before the airlock approved it."""
+    job = _released_job(request, pk)
+    _model_payload(job)
+    try:
+        data = artifacts.skops_bytes(job)
+    except (artifacts.ExportError, artifacts.ArtifactError) as exc:
+        raise Http404(f"The model cannot be exported: {exc}") from None
+    response = HttpResponse(data, content_type="application/octet-stream")
+    response["Content-Disposition"] = f'attachment; filename="job-{job.pk}-model.skops"'
+    return response
+
+
+@login_required
+def job_model_card(request, pk: int):
+    """The model card of a completed job (members of its project; the file itself only after
+    the airlock); ``?format=json`` downloads it."""
+    job = _job_or_404(request, pk)
+    if not can(request.user, "project.view", job.project) or not artifacts.has_model(job):
+        raise Http404("No model card")
+    card = artifacts.model_card(job)
+    if request.GET.get("format") == "json":
+        response = JsonResponse(card, json_dumps_params={"indent": 2})
+        response["Content-Disposition"] = f'attachment; filename="job-{job.pk}-model-card.json"'
+        return response
+    release = getattr(job, "release", None)
+    released = release is not None and release.status == ReleaseStatus.APPROVED
+    return render(
+        request, "federation/model_card.html", {"job": job, "card": card, "released": released}
+    )
+
+
+@login_required
+@require_POST
+def job_resume(request, pk: int):
+    """Resume a failed job from its latest round checkpoint (the job's submitter)."""
+    job = _job_or_404(request, pk)
+    try:
+        services.job_resume(by=request.user, job_id=job.pk)
+    except services.JobError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.info(request, "The job is queued to resume from its latest round checkpoint.")
+    return redirect("federation:job_detail", pk=job.pk)
 
 
 def _refuse(status: int, error: str) -> JsonResponse:
@@ -267,7 +337,7 @@ def job_callback(request, pk: int):
 
     403 for a bad signature, 413 for a body over ``contract.MAX_EVENT_BYTES``, 400 for a body
     that does not fit the contract (or a value the database cannot hold), 409 for an event the job refuses (not running, replayed,
-    replacing final results), 503 while the job's Flower run id is not recorded yet (the
+    replacing final results), 503 while the model store cannot take the final model, or the job's Flower run id is not recorded yet (the
     ServerApp retries). Nothing is written unless the answer is 200.
     """
     job = get_object_or_404(FederatedJob, pk=pk)
@@ -302,6 +372,8 @@ def job_callback(request, pk: int):
         answer = services.job_callback_record(job_id=job.pk, seq=seq, event=event)
     except services.JobError as exc:
         return _refuse(409, str(exc))
+    except artifacts.ArtifactError as exc:  # the model store is away: the ServerApp retries
+        return _refuse(503, f"the portal cannot store the model yet: {exc}")
     except DatabaseError as exc:  # a value the database cannot hold: rolled back, refused
         reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         return _refuse(400, f"the event does not fit the portal's database: {reason}")

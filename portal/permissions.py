@@ -32,6 +32,7 @@ ACTIONS = frozenset(
         "job.submit",
         "job.view",
         "job.stop",
+        "job.resume",
         "institution.admin",
         "dataset.register",
         "access.decide",
@@ -55,7 +56,8 @@ def can(user, action: str, obj=None) -> bool:
     (PI only), ``job.submit`` (obj: Project), ``job.view`` (obj: FederatedJob; the project's
     members, platform admins, the data stewards and admins of an institution whose site takes
     part, and the admins of the project's institution), ``job.stop`` (obj: FederatedJob;
-    submitter or PI), ``institution.admin`` (obj: Institution; platform admins too),
+    submitter or PI), ``job.resume`` (obj: FederatedJob; its submitter, still a member),
+    ``institution.admin`` (obj: Institution; platform admins too),
     ``dataset.register`` (obj: Site), ``access.decide`` (obj: Dataset or Site),
     ``price.manage`` and ``pool.manage`` (obj: ComputePool: its settings, calendar, queue), ``invoice.view`` (obj: Invoice or Institution):
     the institution's admins (and platform admins); ``job.view_cost`` and ``credit.view``
@@ -94,6 +96,8 @@ def can(user, action: str, obj=None) -> bool:
         if role is None:  # a submitter who has left the project no longer stops its jobs
             return False
         return obj.submitted_by_id == user.pk or role == ProjectRole.PRINCIPAL_INVESTIGATOR
+    if action == "job.resume":  # the job's owner: its submitter, while still in the project
+        return obj.submitted_by_id == user.pk and _project_role(user, obj.project) is not None
     if action == "institution.admin":
         return user.is_staff or _has_role(user, obj, Role.INSTITUTION_ADMIN)
     if action == "dataset.register":

@@ -323,6 +323,10 @@ if not DEBUG and not FRP_CALLBACK_KEY and "FRP_CALLBACK_KEY_FILE" not in os.envi
         "set FRP_CALLBACK_KEY (the same value in the SuperLink's environment), or "
         "FRP_CALLBACK_KEY_FILE on a volume both share"
     )
+# The portal's model store (issue 14; ADR 0026): final models and the ServerApp's round
+# checkpoints. The SuperLink's environment gets the same URL (federation.callbacks), never a run
+# config. file:///abs/path (embedded default) or s3://ACCESS:SECRET@host:port/bucket.
+FRP_MODEL_STORE_URL = env.str("FRP_MODEL_STORE_URL", default=(VAR_DIR / "model-store").as_uri())
 # A round with no reply within this many seconds drops the silent sites (FedAvg's default: 3600 s).
 FRP_ROUND_TIMEOUT = env.float("FRP_ROUND_TIMEOUT", default=120.0)
 # An active job whose SuperLink has not answered for this long (seconds) is failed; the job page

@@ -8,7 +8,8 @@ Handlers (Flower Message API):
   (``frp_flwr.preprocess``): cumulative counts for a median; the prepared matrix's column
   statistics for standardisation and what was done to the rows (dropped, imputed).
 - ``train``  — prepare the rows with the job's fitted rules (missing values, one-hot categories,
-  federated standardisation), run local SGD (softmax or linear regression), reply with the new
+  federated standardisation), run local SGD of the job's model (``frp_flwr.models``: linear or
+  MLP, with FedProx's proximal term when the strategy asks), reply with the new
   weights and metered usage (examples, loss, CPU seconds, wall seconds, bytes received and sent).
   In a secure-aggregation job the same handler runs inside SecAgg+'s mod (``frp_flwr.secagg``):
   its weights leave the site only as a masked delta; its metrics are sent in clear.
@@ -50,6 +51,7 @@ from frp_flwr.contract import (
     json_record,
 )
 from frp_flwr.metrics import site_report
+from frp_flwr.models import loss_and_accuracy, model_for, predict, predict_proba
 from frp_flwr.preprocess import (
     Fitted,
     PreprocessError,
@@ -59,14 +61,11 @@ from frp_flwr.preprocess import (
     transform,
 )
 from frp_flwr.secagg import secagg_mod
+from frp_flwr.strategies import client_settings
 from frp_flwr.task import (
     SiteDataError,
     load_site_frame,
-    loss_and_accuracy,
-    predict,
-    predict_proba,
     sanitise,
-    train_sgd,
     unstack_models,
 )
 
@@ -204,20 +203,24 @@ def query_design(msg: Message, context: Context) -> Message:
 @app.train(mods=[secagg_mod])  # SecAgg+ jobs' train messages: frp_flwr.secagg
 @_guard
 def train(msg: Message, context: Context) -> Message:
-    """Local SGD from the global weights; reply with weights and metered usage."""
+    """Local SGD of the job's model (``frp_flwr.models``) from the global weights, with the
+    strategy's local settings (FedProx's μ, FedOpt's η_l); reply with weights and metered usage."""
     wall0, cpu0 = time.perf_counter(), time.process_time()
     config = msg.content["config"]
     cfg, fitted, data = _prepared(context, config, "train")
+    spec = cfg.spec
+    learning_rate, mu = client_settings(spec.strategy, cfg.learning_rate)
     params = msg.content["arrays"].to_numpy_ndarrays()
-    new_params, loss = train_sgd(
+    new_params, loss = model_for(spec.model).train(
         params,
         data.X,
         data.y,
         epochs=cfg.local_epochs,
-        learning_rate=cfg.learning_rate,
+        learning_rate=learning_rate,
         batch_size=cfg.batch_size,
         seed=int(config["server-round"]),
         task=fitted.task,
+        mu=mu,
     )
     arrays = ArrayRecord(new_params)
     metrics = TrainReply(
@@ -238,16 +241,17 @@ def evaluate(msg: Message, context: Context) -> Message:
     round (config ``final``) also the aggregates of ``metrics.site_report``."""
     wall0, cpu0 = time.perf_counter(), time.process_time()
     config = msg.content["config"]
-    _, fitted, data = _prepared(context, config, "test")
+    cfg, fitted, data = _prepared(context, config, "test")
+    model = model_for(cfg.spec.model)
     params = msg.content["arrays"].to_numpy_ndarrays()
-    loss, acc = loss_and_accuracy(params, data.X, data.y, task=fitted.task)
+    loss, acc = loss_and_accuracy(model, params, data.X, data.y, task=fitted.task)
     records = {}
     if bool(config.get("final", False)):
         if fitted.task == "classification":
             report = site_report(
                 "classification",
                 y=data.y,
-                proba=predict_proba(params, data.X),
+                proba=predict_proba(model, params, data.X),
                 num_classes=len(fitted.classes),
             )
         else:
@@ -255,7 +259,7 @@ def evaluate(msg: Message, context: Context) -> Message:
             report = site_report(
                 "regression",
                 y=data.y * scale + shift,
-                pred=predict(params, data.X) * scale + shift,
+                pred=predict(model, params, data.X) * scale + shift,
                 baseline_mean=shift,
             )
         records["report"] = ConfigRecord(json_record(report))
@@ -282,12 +286,15 @@ def evaluate_coalitions(msg: Message, context: Context) -> Message:
     """
     wall0, cpu0 = time.perf_counter(), time.process_time()
     config = msg.content["config"]
-    _, fitted, data = _prepared(context, config, "test")
+    cfg, fitted, data = _prepared(context, config, "test")
+    model = model_for(cfg.spec.model)
     models = unstack_models(msg.content["models"].to_numpy_ndarrays())
     keys = list(config["coalition-keys"])
     if len(keys) != len(models):
         raise SiteDataError(f"{len(models)} coalition models for {len(keys)} coalition keys")
-    scores = [loss_and_accuracy(params, data.X, data.y, task=fitted.task) for params in models]
+    scores = [
+        loss_and_accuracy(model, params, data.X, data.y, task=fitted.task) for params in models
+    ]
     metrics = CoalitionReply(
         num_examples=len(data.y),
         coalition_loss=[loss for loss, _ in scores],

@@ -278,6 +278,28 @@ class FeaturePlan(_Record):
         return plan
 
 
+def read_model_choice(value: Any, where: str = "model") -> dict:
+    """A job's ``model`` object, complete (``frp_flwr.models.read_model_spec``). Raises
+    ``ContractError`` naming the field."""
+    from frp_flwr.models import ModelSpecError, read_model_spec
+
+    try:
+        return read_model_spec(value, where)
+    except ModelSpecError as exc:
+        raise ContractError(str(exc)) from None
+
+
+def read_strategy_choice(value: Any, where: str = "strategy") -> dict:
+    """A job's ``strategy`` object, complete (``frp_flwr.strategies.read_strategy_spec``).
+    Raises ``ContractError`` naming the field."""
+    from frp_flwr.strategies import StrategySpecError, read_strategy_spec
+
+    try:
+        return read_strategy_spec(value, where)
+    except StrategySpecError as exc:
+        raise ContractError(str(exc)) from None
+
+
 def _choice(value: Any, where: str, choices) -> str:
     text = read_str(value, where, max_len=40)
     if text not in choices:
@@ -307,7 +329,9 @@ def read_privacy(value: Any, where: str) -> dict:
 
 def _check_secagg(spec: JobSpec) -> None:
     """SecAgg+ settings that fit the job's sites (Flower's own rules, ``SecAggPlusWorkflow``):
-    shares 0 or 3..sites, threshold 0 or 2..shares−1; 2 sites at least. Raises ``ContractError``."""
+    shares 0 or 3..sites, threshold 0 or 2..shares−1; 2 sites at least; a strategy that needs only
+    the weighted mean of the updates (``frp_flwr.strategies.secagg_problem``). Raises
+    ``ContractError``."""
     privacy = spec.privacy
     shares = privacy.get("secagg_num_shares", 0)
     threshold = privacy.get("secagg_threshold", 0)
@@ -318,6 +342,11 @@ def _check_secagg(spec: JobSpec) -> None:
     n = len(spec.sites)
     if n < 2:
         raise ContractError("job-spec.privacy.secagg: secure aggregation needs 2 or more sites")
+    from frp_flwr.strategies import secagg_problem
+
+    problem = secagg_problem(spec.strategy)
+    if problem:
+        raise ContractError(f"job-spec.strategy: {problem}")
     if shares and not 3 <= shares <= n:
         raise ContractError(
             f"job-spec.privacy.secagg_num_shares: {shares} is not 0 (one per site) or 3..{n}"
@@ -339,10 +368,15 @@ class JobSpec(_Record):
     ``classification`` (softmax regression) or ``regression`` (linear regression). ``plans``: how
     each feature is encoded and its missing cells handled (``FeaturePlan``; a feature without a
     plan is numeric with median imputation). ``small_count``: categories held by at most this
-    many rows at a site are merged into "other" there. ``privacy``: the job's protections
+    many rows at a site are merged into "other" there. ``model``: ``{"kind": "linear"|"mlp",
+    …hyper-parameters}`` (``frp_flwr.models.read_model_spec``); ``strategy``: ``{"name":
+    "fedavg"|"fedprox"|…, …params}`` (``frp_flwr.strategies.read_strategy_spec``); a spec
+    without them means linear + FedAvg. ``privacy``: the job's protections
     (:data:`PRIVACY_READERS`; absent keys are off): ``secagg`` — secure aggregation (SecAgg+,
     ``frp_flwr.secagg``), with ``secagg_num_shares`` (0: one share per site) and
-    ``secagg_threshold`` (0: two thirds of the shares) — checked by :func:`read_privacy`.
+    ``secagg_threshold`` (0: two thirds of the shares) — checked by :func:`read_privacy`; with
+    ``secagg`` on, the strategy must work from the weighted mean alone
+    (``frp_flwr.strategies.secagg_problem``).
     """
 
     sites: dict[str, SitePointer]
@@ -352,6 +386,8 @@ class JobSpec(_Record):
     task: str = "classification"
     plans: list[FeaturePlan] = field(default_factory=list)
     small_count: int = SMALL_COUNT
+    model: dict = field(default_factory=lambda: {"kind": "linear"})
+    strategy: dict = field(default_factory=lambda: {"name": "fedavg"})
     privacy: dict = field(default_factory=dict)
 
     @classmethod
@@ -380,6 +416,8 @@ class JobSpec(_Record):
                         for i, p in enumerate(read_list(v, w, max_items=10_000))
                     ],
                     "small_count": lambda v, w: read_int(v, w, lo=0, hi=1_000_000),
+                    "model": read_model_choice,
+                    "strategy": read_strategy_choice,
                     "privacy": read_privacy,
                 },
             )
@@ -420,7 +458,10 @@ class RunConfig:
     site's rows held out for evaluation (0 < f < 1). ``reply-log``: a file on the SuperLink's host
     where the ServerApp appends every reply it receives (empty: off). ``launch-nonce``: the
     portal's idempotency key of this launch, recorded on the job before the run is started, so the
-    portal finds a run it already started (not a secret: every site sees it).
+    portal finds a run it already started (not a secret: every site sees it). ``resume-round``:
+    ``0`` for a fresh run; ``k > 0`` resumes the job from its checkpoint after round ``k``
+    (``frp_flwr.checkpoints``; the checkpoint is read from the store named by the ServerApp host's
+    environment, so the key is a round number, not a secret).
     """
 
     job_id: int = 0
@@ -438,6 +479,7 @@ class RunConfig:
     contribution: bool = True
     reply_log: str = ""
     launch_nonce: str = ""
+    resume_round: int = 0
 
     _READERS: ClassVar[dict] = {
         "job_id": lambda v, w: read_int(v, w, lo=0, hi=MAX_COUNT),
@@ -455,6 +497,7 @@ class RunConfig:
         "contribution": read_bool,
         "reply_log": lambda v, w: read_str(v, w, max_len=4096),
         "launch_nonce": lambda v, w: read_str(v, w, max_len=64),
+        "resume_round": lambda v, w: read_int(v, w, lo=0, hi=MAX_ROUNDS),
     }
 
     @classmethod

@@ -1,4 +1,4 @@
-"""ServerApp: discovers the job's sites, runs FedAvg, reports every round to the portal.
+"""ServerApp: discovers the job's sites, runs the job's strategy, reports every round to the portal.
 
 Flow of one run (one portal job):
 
@@ -10,7 +10,9 @@ Flow of one run (one portal job):
    allocated cores): every reply's example count and CPU/wall seconds are checked against them
    and the time measured here (ADR 0024); a site out of bounds is faulty and dropped.
 2. **Rounds** — FedAvg (McMahan et al. 2017, "Communication-Efficient Learning of Deep Networks from
-   Decentralized Data"), using Flower's ``FedAvg`` aggregation, over the job's nodes only (other jobs'
+   Decentralized Data") by default, or the job's strategy (``frp_flwr.strategies``: Flower's
+   FedProx, FedAdam, FedYogi, FedAdagrad, FedMedian, FedTrimmedAvg, Krum), with Flower's own
+   aggregation, over the job's nodes only (other jobs'
    sites on the same SuperLink are never sampled). Each round: train, then federated evaluation on
    each site's held-out split. Replies are attributed through ``reply_to_message_id`` → the node the
    message was sent to (SuperLink errors come from node 1). A site that errs, times out or sends a
@@ -18,7 +20,10 @@ Flow of one run (one portal job):
    global model's shapes) is dropped; fewer than ``min_sites`` replies fail the run.
    A secure-aggregation job (``JobSpec.privacy.secagg``) trains through Flower's SecAgg+ workflow
    instead (``frp_flwr.secagg``, ADR 0027): the ServerApp gets only the sum of the sites' updates
-   (each site's metrics in clear, bounded as above) and no contribution is evaluated.
+   (each site's metrics in clear, bounded as above) and no contribution is evaluated. The job's
+   strategy then steps from that weighted mean (``strategies.aggregate_mean``: FedAvg, FedProx,
+   FedOpt's pseudo-gradient); strategies that need each update are refused by the contract.
+   Its round checkpoints hold the global model and the strategy's state, no per-site history.
 3. **Reporting** — after every round a signed callback to the portal with the aggregate and per-site
    metrics (including each site's metering: CPU and wall seconds, bytes received and sent); the
    portal may answer with sites to drop (revoked grants). At the end a ``finished`` callback with
@@ -53,8 +58,8 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg
 
+from frp_flwr import checkpoints
 from frp_flwr.coalitions import coalition_key, contribution_plan
 from frp_flwr.contract import (
     CallbackAnswer,
@@ -86,6 +91,7 @@ from frp_flwr.contract import (
     metering_problem,
 )
 from frp_flwr.metrics import baseline, pooled_metrics, site_metrics
+from frp_flwr.models import model_for
 from frp_flwr.preprocess import (
     Fitted,
     PreprocessError,
@@ -95,11 +101,11 @@ from frp_flwr.preprocess import (
 )
 from frp_flwr.secagg import SecAggError, SecAggParams, fit_config, secure_train_round
 from frp_flwr.signing import SignatureError, job_key, master_key_from_environ, sign
+from frp_flwr.strategies import aggregate_mean, aggregate_train, build_strategy
+from frp_flwr.strategies import coalition_models as strategy_coalition_models
 from frp_flwr.task import (
     MAX_COALITION_MODELS,
     RoundLog,
-    coalition_models,
-    init_params,
     readable_error,
     sanitise,
     sort_classes,
@@ -511,6 +517,7 @@ def evaluate_contribution(
     seed: int = 0,
     check: ReplyCheck | None = None,
     task: str = "classification",
+    strategy: dict | None = None,
 ) -> Contribution:
     """Score coalition models at every active site with one message each; return the event.
 
@@ -525,7 +532,9 @@ def evaluate_contribution(
     utility beyond the other sites' range when three or more sites evaluate. ``disagreement``: per
     site, the mean |score_s(S) − utility(S)| over all models (a site far from the others stands
     out). A site whose reply does not fit the contract or ``check`` (bounds of its held-out rows
-    and metering) is left out (named in ``errors``). Raises ``JobFailed`` when no site replies.
+    and metering) is left out (named in ``errors``). ``strategy``: the job's strategy spec; the
+    coalition models re-apply it (``strategies.coalition_models``, ADR 0022). Raises
+    ``JobFailed`` when no site replies.
     """
     t0 = time.monotonic()
     method, coalitions, permutations = contribution_plan(len(players), seed=seed)
@@ -534,8 +543,8 @@ def evaluate_contribution(
     with_rounds = len(coalitions) * (len(rounds) + 1) <= MAX_COALITION_MODELS
     by_round: list[tuple[str, list[np.ndarray]]] = []
     for coalition in coalitions:
-        run_model, round_models = coalition_models(
-            initial, rounds, coalition, with_rounds=with_rounds
+        run_model, round_models = strategy_coalition_models(
+            strategy, initial, rounds, coalition, with_rounds=with_rounds
         )
         keys.append(f"0|{coalition_key(coalition)}")
         models.append(run_model)
@@ -835,11 +844,8 @@ class _Run:
     players: list[str]
     player_of: dict[str, int]
     initial: list[np.ndarray]
-    strategy: FedAvg = field(
-        default_factory=lambda: FedAvg(
-            min_train_nodes=1, min_evaluate_nodes=1, min_available_nodes=1
-        )
-    )
+    #: The job's Flower strategy (``frp_flwr.strategies.build_strategy``); FedAvg by default.
+    strategy: Any = field(default_factory=lambda: build_strategy(None))
     history: list[RoundLog] = field(default_factory=list)
     last_eval: dict[str, SiteEvaluation] = field(default_factory=dict)
     reports: dict[str, EvalReport] = field(default_factory=dict)
@@ -853,6 +859,8 @@ class _Run:
     secagg: SecAggParams | None = None
     #: the most rows any site holds (the portal's limits, else the discovery summaries)
     max_rows: int = 0
+    #: the model store checkpoints go to (``None``: none are saved)
+    store: Any = None
 
     @property
     def task(self) -> str:
@@ -1023,9 +1031,32 @@ def _start(grid: Grid, cfg: RunConfig, reporter: Reporter, found: _Discovered) -
         )
     limits = answer.limits
     fitted = prepared.fitted
-    classes = fitted.classes
-    arrays = ArrayRecord(init_params(len(fitted.mean), max(1, len(fitted.classes))))
+    arrays = ArrayRecord(
+        model_for(cfg.spec.model).init_params(
+            len(fitted.mean), max(1, len(fitted.classes)), seed=cfg.split_seed
+        )
+    )
     players = sorted(active)  # contribution players: index = position
+    return _make_run(
+        grid, cfg, reporter, found, prepared, arrays, limits, faulty, players, _arrays(arrays)
+    )
+
+
+def _make_run(
+    grid: Grid,
+    cfg: RunConfig,
+    reporter: Reporter,
+    found: _Discovered,
+    prepared: Prepared,
+    arrays: ArrayRecord,
+    limits: dict[str, SiteLimits],
+    faulty: dict[str, str],
+    players: list[str],
+    initial: list[np.ndarray],
+) -> _Run:
+    """The :class:`_Run` of a fresh (:func:`_start`) or resumed (:func:`_resume`) run."""
+    active, fitted = found.active, prepared.fitted
+    classes = fitted.classes
     return _Run(
         grid=grid,
         cfg=cfg,
@@ -1037,7 +1068,8 @@ def _start(grid: Grid, cfg: RunConfig, reporter: Reporter, found: _Discovered) -
         node_site={n: s for s, n in active.items()},
         players=players,
         player_of={s: i for i, s in enumerate(players)},
-        initial=_arrays(arrays),
+        initial=initial,
+        strategy=build_strategy(cfg.spec.strategy),
         limits=limits,
         faulty=faulty,
         site_node=found.site_node,
@@ -1049,7 +1081,7 @@ def _start(grid: Grid, cfg: RunConfig, reporter: Reporter, found: _Discovered) -
         ),
         secagg=SecAggParams.of(cfg.spec),
         max_rows=max((lim.rows for lim in limits.values()), default=0)
-        or max(site_reply[s][1].rows for s in active),
+        or max(found.site_reply[s][1].rows for s in active),
     )
 
 
@@ -1080,7 +1112,14 @@ def _train_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> dict:
             f"round {rnd}: {len(train)} of {len(run.active)} sites replied (need {min_sites})"
         )
     if run.secagg is not None:  # no individual update exists here: no round log, no contribution
-        run.arrays = secure
+        # the job's strategy steps from the secure weighted mean (FedOpt: its pseudo-gradient)
+        arrays, _ = aggregate_mean(
+            run.strategy, rnd, run.arrays, secure, sum(m.num_examples for _, m in train.values())
+        )
+        if arrays is None or not all(np.isfinite(a).all() for a in _arrays(arrays)):
+            run.post_partial(rnd, sites_out)
+            raise NonFinite(f"round {rnd}: the aggregated model is not finite (NaN or infinity)")
+        run.arrays = arrays
         return {"train-loss": _weighted_loss([m for _, m in train.values()])}
     player = {n: run.player_of[run.node_site[n]] for n in train}
     run.history.append(
@@ -1090,7 +1129,9 @@ def _train_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> dict:
             examples={player[n]: m.num_examples for n, (_, m) in train.items()},
         )
     )
-    arrays, train_agg = run.strategy.aggregate_train(rnd, [r for r, _ in train.values()])
+    arrays, train_agg = aggregate_train(
+        run.strategy, rnd, run.arrays, [r for r, _ in train.values()]
+    )
     if not all(np.isfinite(a).all() for a in _arrays(arrays)):
         run.post_partial(rnd, sites_out)
         raise NonFinite(f"round {rnd}: the aggregated model is not finite (NaN or infinity)")
@@ -1279,6 +1320,7 @@ def _report_contribution(run: _Run) -> None:
             poll=run.cfg.poll_interval,
             check=run.test_check,
             task=run.task,
+            strategy=run.cfg.spec.strategy,
         )
     except Exception as exc:  # contribution is an add-on: the trained model stands regardless
         log.warning("contribution evaluation failed: %s", exc)
@@ -1286,17 +1328,28 @@ def _report_contribution(run: _Run) -> None:
     run.reporter.post(event)
 
 
-def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter) -> None:
+def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter, *, store=None) -> None:
     """Discovery, preparation, FedAvg rounds and reporting for one job (module docstring).
+
+    ``store``: the model store of this host (``checkpoints.store_from_environ``; ``None``: no
+    checkpoints): after every round but the last the run's state is saved there
+    (:func:`_checkpoint`); with ``cfg.resume_round = k`` the run starts from round ``k``'s
+    checkpoint instead of preparing the data again (:func:`_resume`) and trains rounds k+1 ….
 
     Steps: :func:`_discover_sites`, :func:`_start` (the federated preprocessing, posted with
     ``started``; classes; initial model), ``num_rounds`` × :func:`_round` (train, evaluate,
     ``round``, drop sites), :func:`_finish` (``finished``) and, unless ``cfg.contribution`` is
     off, :func:`_report_contribution`. Raises ``JobFailed`` with the reason the run cannot go on.
     """
-    run = _start(grid, cfg, reporter, _discover_sites(grid, cfg, reporter))
-    for rnd in range(1, cfg.num_rounds + 1):
+    found = _discover_sites(grid, cfg, reporter)
+    if cfg.resume_round:
+        run = _resume(grid, cfg, reporter, found, store)
+    else:
+        run = _start(grid, cfg, reporter, found)
+    run.store = store
+    for rnd in range(cfg.resume_round + 1, cfg.num_rounds + 1):
         _round(run, rnd)
+        _checkpoint(run, rnd)
     _finish(run)
     if cfg.contribution and run.secagg is None:  # SecAgg+: no update to rebuild coalitions from
         _report_contribution(run)
@@ -1314,6 +1367,93 @@ def reporter_for(cfg: RunConfig, *, run_id: int, environ=None) -> Reporter:
     return Reporter(cfg.callback_url, job_key(master, job_id=cfg.job_id, run_id=run_id))
 
 
+# ---------------------------------------------------------------------------------------------
+# Round checkpoints and resuming (issue 14, point 5; frp_flwr.checkpoints)
+# ---------------------------------------------------------------------------------------------
+
+
+def _model_store():
+    """This host's model store (``FRP_MODEL_STORE_URL``), or ``None``: a misconfigured store is
+    logged, and the run goes on without checkpoints."""
+    try:
+        return checkpoints.store_from_environ()
+    except checkpoints.CheckpointError as exc:
+        log.warning("no round checkpoints: %s", exc)
+        return None
+
+
+def _checkpoint(run: _Run, rnd: int) -> None:
+    """Save the run's state after round ``rnd`` (not after the last: the final model is the
+    ``finished`` event's) to ``run.store``: the global model, the strategy's state, the round
+    history the contribution needs and the fitted preprocessing. A store that fails is logged;
+    training goes on (the run then resumes from an earlier round)."""
+    if run.store is None or rnd >= run.cfg.num_rounds:
+        return
+    checkpoint = checkpoints.Checkpoint(
+        job_id=run.cfg.job_id,
+        round=rnd,
+        weights=list(run.arrays.to_numpy_ndarrays()),
+        initial=run.initial,
+        history=run.history,
+        players=run.players,
+        active=sorted(run.active),
+        fitted=run.prepared.fitted.to_text(),
+        preparation=run.prepared.preparation.to_json(),
+        train_labels=run.prepared.train_labels,
+        strategy=type(run.strategy).__name__,
+        state=checkpoints.strategy_state(run.strategy),
+    )
+    try:
+        checkpoints.save(run.store, checkpoint)
+    except checkpoints.CheckpointError as exc:
+        log.warning("round %d: %s", rnd, exc)
+
+
+def _resume(grid: Grid, cfg: RunConfig, reporter: Reporter, found: _Discovered, store) -> _Run:
+    """Step 2 of a resumed run: the run of round ``cfg.resume_round``'s checkpoint (its
+    preprocessing, model, strategy state and history) at the sites found now that were still
+    training then; ``started`` is posted with the checkpoint's preparation. Raises ``JobFailed``
+    when this host has no model store, the checkpoint cannot be read or too few sites are left."""
+    if store is None:
+        reporter.post(found.started)
+        raise JobFailed(
+            f"resume-round is {cfg.resume_round}, but this ServerApp host has no model store "
+            f"({checkpoints.STORE_ENV})"
+        )
+    try:
+        saved = checkpoints.load(store, cfg.job_id, cfg.resume_round)
+    except checkpoints.CheckpointError as exc:
+        reporter.post(found.started)
+        raise JobFailed(f"cannot resume: {exc}") from None
+    for site in [s for s in found.active if s not in saved.active]:
+        found.active.pop(site)  # dropped before the checkpoint: it stays out
+    prepared = Prepared(
+        Fitted.from_text(saved.fitted),
+        Preparation.from_json(saved.preparation),
+        saved.train_labels,
+    )
+    answer = reporter.post(replace(found.started, preparation=prepared.preparation))
+    faulty = _refuse_by_limits(found, answer.limits, cfg.spec.min_sites)
+    # impostor nodes and revoked grants are refused; the checkpoint's preprocessing stays
+    faulty.update(_refused_by_portal(found, answer.drop_sites, cfg.spec.min_sites))
+    run = _make_run(
+        grid,
+        cfg,
+        reporter,
+        found,
+        prepared,
+        ArrayRecord(saved.weights),
+        answer.limits,
+        faulty,
+        saved.players,
+        saved.initial,
+    )
+    run.history = list(saved.history)
+    checkpoints.strategy_restore(run.strategy, saved.state)
+    log.info("job %s resumed after round %d", cfg.job_id, cfg.resume_round)
+    return run
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Entry point of the ServerApp; a failure is reported to the portal, then re-raised."""
@@ -1321,7 +1461,7 @@ def main(grid: Grid, context: Context) -> None:
     reporter = reporter_for(cfg, run_id=context.run_id)
     REPLY_LOG.path = cfg.reply_log
     try:
-        run_job(grid, cfg, reporter)
+        run_job(grid, cfg, reporter, store=_model_store())
     except Exception as exc:
         reporter.post(Failed(reason=sanitise(f"{exc}", limit=1000)))
         raise

@@ -229,10 +229,13 @@ def train_sgd(
     seed: int,
     l2: float = 1e-4,
     task: str = "classification",
+    mu: float = 0.0,
 ) -> tuple[list[np.ndarray], float]:
     """Mini-batch SGD on cross-entropy (classification) or half the squared error (regression),
-    plus ``l2``·‖W‖²/2. Returns new params and the loss afterwards (``loss_and_accuracy``)."""
+    plus ``l2``·‖W‖²/2 and FedProx's proximal term ``mu``/2·‖w − w_received‖² (Li et al. 2020;
+    ``mu`` 0: plain SGD). Returns new params and the loss afterwards (``loss_and_accuracy``)."""
     W, b = (p.copy() for p in params)
+    W0, b0 = (np.array(p, copy=True) for p in params)
     n = len(y)
     rng = np.random.default_rng(seed)
     target = y[:, None] if task == "regression" else np.eye(W.shape[1])[y]
@@ -244,8 +247,13 @@ def train_sgd(
                 z = X[idx] @ W + b
                 out = z if task == "regression" else _softmax(z)
                 grad = (out - target[idx]) / len(idx)
-                W -= learning_rate * (X[idx].T @ grad + l2 * W)
-                b -= learning_rate * grad.sum(axis=0)
+                step_w = X[idx].T @ grad + l2 * W
+                step_b = grad.sum(axis=0)
+                if mu:
+                    step_w += mu * (W - W0)
+                    step_b += mu * (b - b0)
+                W -= learning_rate * step_w
+                b -= learning_rate * step_b
         loss, _ = loss_and_accuracy([W, b], X, y, task=task)
     return [W, b], loss
 

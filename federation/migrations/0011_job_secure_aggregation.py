@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('federation', '0008_sitenode'),
+        ('federation', '0010_job_model_and_strategy_specs'),
     ]
 
     operations = [

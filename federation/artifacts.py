@@ -1,0 +1,214 @@
+"""The portal's model store: a finished job's final model as an artifact, its ``skops`` file and
+model card, and the ServerApp's round checkpoints (issue 14, points 5 and 6; ADR 0026).
+
+Objects (``settings.FRP_MODEL_STORE_URL``, through ``sandbox.storage``):
+
+* ``models/job-<id>/model.json`` — the final model as the ServerApp reported it (``finished``):
+  ``{"format": 1, "job": id, "kind": job.model, "task", "classes", "weights", "preprocessing"}``.
+  The database row keeps only its key (``FederatedJob.model_key``); nothing leaves but through the
+  airlock (the views check the release).
+* ``checkpoints/job-<id>/…`` — written by the ServerApp (``frp_flwr.checkpoints``); read here only
+  to tell the latest round a crashed job can resume from.
+
+A store failure raises ``ArtifactError`` with the store's message (never its credentials).
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.conf import settings
+
+from federation.exporters import ExportError, ExportInput, export
+from frp_flwr import checkpoints
+from sandbox.storage import ObjectStore, StorageError, store_from_url
+
+FORMAT = 1
+
+
+class ArtifactError(Exception):
+    """The model store cannot be read or written; the message says which object and why."""
+
+
+def model_store() -> ObjectStore:
+    """The portal's model store (``settings.FRP_MODEL_STORE_URL``). Raises ``ArtifactError``."""
+    try:
+        return store_from_url(settings.FRP_MODEL_STORE_URL)
+    except StorageError as exc:
+        raise ArtifactError(f"FRP_MODEL_STORE_URL: {exc}") from None
+
+
+def model_key(job_id: int) -> str:
+    """The object key of job ``job_id``'s final model."""
+    return f"models/job-{int(job_id)}/model.json"
+
+
+def model_put(*, job, weights: list, classes: list[str], preprocessing: dict | None) -> str:
+    """Write ``job``'s final model (``weights``: its layers as nested lists) to the store and
+    return its key (the caller records it on the row). Raises ``ArtifactError``."""
+    payload = {
+        "format": FORMAT,
+        "job": job.pk,
+        "kind": job.model,
+        "task": job.task,
+        "classes": list(classes),
+        "weights": weights,
+        "preprocessing": preprocessing or {},
+    }
+    key = model_key(job.pk)
+    try:
+        checkpoints.put_bytes(model_store(), key, json.dumps(payload).encode())
+    except StorageError as exc:
+        raise ArtifactError(f"saving job {job.pk}'s model: {exc}") from None
+    return key
+
+
+def model_payload(job) -> dict | None:
+    """``job``'s final model (``model_put``'s payload) or ``None`` when it has none. Rows from
+    before the model store (the model inside ``final_metrics``) are read as they are. Raises
+    ``ArtifactError`` when the store cannot give the object."""
+    if not job.model_key:
+        legacy = (job.final_metrics or {}).get("model")
+        if not legacy:
+            return None
+        return {
+            "format": FORMAT,
+            "job": job.pk,
+            "kind": job.model,
+            "task": job.task,
+            "classes": job.final_metrics.get("classes", []),
+            "weights": legacy,
+            "preprocessing": job.final_metrics.get("preprocessing") or {},
+        }
+    try:
+        return json.loads(model_store().get_bytes(job.model_key))
+    except StorageError as exc:
+        raise ArtifactError(f"reading job {job.pk}'s model: {exc}") from None
+
+
+def has_model(job) -> bool:
+    """Whether ``job`` has a final model (in the store, or a legacy row's)."""
+    return bool(job.model_key or (job.final_metrics or {}).get("model"))
+
+
+def estimator(job):
+    """``job``'s final model as a scikit-learn estimator (``federation.exporters``). Raises
+    ``ExportError`` when its kind has no exporter or it has no model, ``ArtifactError``."""
+    payload = model_payload(job)
+    if payload is None:
+        raise ExportError("the job has no final model")
+    return export(
+        payload.get("kind") or job.model,
+        ExportInput(
+            task=payload["task"],
+            classes=list(payload.get("classes") or []),
+            weights=payload["weights"],
+            preprocessing=payload.get("preprocessing") or {},
+        ),
+    )
+
+
+def skops_bytes(job) -> bytes:
+    """``job``'s estimator as a ``.skops`` file (``skops.io.dumps``: no pickle; a researcher loads
+    it with ``skops.io.load(path, trusted=skops.io.get_untrusted_types(file=path))`` after
+    reading the listed types, which are scikit-learn's and NumPy's only). Raises
+    ``ExportError``, ``ArtifactError``."""
+    import zipfile
+
+    import skops.io as sio
+
+    # deflated: the pipeline's schema is repetitive JSON (~40× smaller, ADR 0026)
+    return sio.dumps(estimator(job), compression=zipfile.ZIP_DEFLATED, compresslevel=9)
+
+
+def model_card(job) -> dict:
+    """The model card of a finished ``job`` (shown on its page and downloadable as JSON):
+    datasets and versions per site, preprocessing, model, strategy, rounds, metrics, ε (when a
+    privacy setting recorded one), contribution, how to load the file. Raises nothing: a part
+    that is not there is ``None``."""
+    final = job.final_metrics or {}
+    sites = [
+        {
+            "site": js.site.slug,
+            "dataset": js.dataset_version.dataset.slug,
+            "version": js.dataset_version.version,
+            "status": js.status,
+            "rounds_completed": js.rounds_completed,
+        }
+        for js in job.sites.select_related("site", "dataset_version__dataset")
+    ]
+    contribution = final.get("contribution") or {}
+    try:
+        exportable, why = True, ""
+        if has_model(job):
+            estimator(job)
+    except (ExportError, ArtifactError) as exc:
+        exportable, why = False, str(exc)
+    privacy = final.get("privacy") or {}
+    return {
+        "job": job.pk,
+        "title": job.title,
+        "project": job.project.title,
+        "task": job.task,
+        "model": job.model,
+        "strategy": job.strategy,
+        "rounds": final.get("rounds"),
+        "num_rounds": job.num_rounds,
+        "local_epochs": job.local_epochs,
+        "learning_rate": job.learning_rate,
+        "target": job.target_column,
+        "features": list(job.feature_columns),
+        "classes": final.get("classes", []),
+        "preprocessing": final.get("preprocessing") or {"plans": job.preprocessing},
+        "preparation": job.preparation or None,
+        "datasets": sites,
+        "metrics": {
+            "eval_accuracy": final.get("eval_accuracy"),
+            "eval_loss": final.get("eval_loss"),
+            "eval_examples": final.get("eval_examples"),
+            "pooled": final.get("metrics"),
+            "baseline": final.get("baseline"),
+        },
+        "epsilon": privacy.get("epsilon"),
+        "delta": privacy.get("delta"),
+        "contribution": (
+            {
+                "method": contribution.get("method"),
+                "players": contribution.get("players"),
+                "utility": contribution.get("utility"),
+                "error": contribution.get("error"),
+            }
+            if contribution
+            else None
+        ),
+        "resumed": {"earlier_runs": list(job.earlier_runs), "from_round": job.resume_round}
+        if job.earlier_runs
+        else None,
+        "file": {
+            "format": "skops" if exportable else "json",
+            "exportable": exportable,
+            "why_not": why,
+            "input": "a 2-D array with one column per feature, in the order of 'features'; "
+            "numbers for numeric features (dates as days since 1970-01-01), text for "
+            "categorical ones; NaN / None where missing",
+            "load": "import skops.io as sio; model = sio.load(path, "
+            "trusted=sio.get_untrusted_types(file=path))",
+        },
+    }
+
+
+def checkpoint_round(job) -> int:
+    """The round of ``job``'s latest checkpoint in the model store (0: none). Raises
+    ``ArtifactError``."""
+    try:
+        return checkpoints.latest_round(model_store(), job.pk)
+    except checkpoints.CheckpointError as exc:
+        raise ArtifactError(str(exc)) from None
+
+
+def checkpoint_active_sites(job, rnd: int) -> list[str]:
+    """The sites still training in ``job``'s round-``rnd`` checkpoint. Raises ``ArtifactError``."""
+    try:
+        return checkpoints.load(model_store(), job.pk, rnd).active
+    except checkpoints.CheckpointError as exc:
+        raise ArtifactError(str(exc)) from None

@@ -1,0 +1,343 @@
+"""The aggregation strategies a job may choose, all Flower's own classes (flwr 1.42).
+
+A job's ``strategy`` (``JobSpec.strategy``, JSON ``{"name": …, …params}``) names one of
+:data:`STRATEGIES`, with Flower's parameter names and defaults:
+
+=============== ========================================== ================================
+name            Flower class (``flwr.serverapp.strategy``)  parameters
+=============== ========================================== ================================
+fedavg          ``FedAvg`` (McMahan et al. 2017)            —
+fedprox         ``FedProx`` (Li et al. 2020)                ``mu`` (proximal term, at sites)
+fedadam         ``FedAdam`` (Reddi et al. 2021)             ``eta``, ``eta_l``, ``tau``, ``beta_1``, ``beta_2``
+fedyogi         ``FedYogi`` (Reddi et al. 2021)             ``eta``, ``eta_l``, ``tau``, ``beta_1``, ``beta_2``
+fedadagrad      ``FedAdagrad`` (Reddi et al. 2021)          ``eta``, ``eta_l``, ``tau``
+fedmedian       ``FedMedian`` (Yin et al. 2018)             —
+fedtrimmedavg   ``FedTrimmedAvg`` (Yin et al. 2018)         ``beta`` (cut per tail, [0, 0.5))
+krum            ``Krum`` (Blanchard et al. 2017)            ``num_malicious_nodes``
+=============== ========================================== ================================
+
+The ServerApp runs its own round loop (ADR 0006) and calls only the strategy's
+``aggregate_train`` / ``aggregate_evaluate`` (:func:`aggregate_train` first sets FedOpt's
+``current_arrays``, which Flower's ``configure_train`` would). FedProx's ``mu`` and FedOpt's
+``eta_l`` (the clients' learning rate) act at the sites: the ClientApp reads them from the job
+spec (:func:`client_settings`).
+
+Contribution (ADR 0010, 0022): coalition models are rebuilt from the logged updates by
+*re-applying the job's own aggregator* to the coalition's members' updates (:func:`coalition_models`),
+replaying a fresh strategy per coalition (FedOpt's server moments then follow the coalition's own
+trajectory). The full coalition gives back the real run's model exactly.
+
+This module imports no Flower at import time (the ClientApp and the portal read the tables).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+#: name → (Flower class name, {param: (type, default, lo, hi, lo_open, hi_open)}). Defaults are
+#: Flower 1.42's, except ``fedprox.mu`` (Flower's 0.0 is plain FedAvg; 0.01 is Li et al.'s grid).
+STRATEGIES: dict[str, tuple[str, dict[str, tuple]]] = {
+    "fedavg": ("FedAvg", {}),
+    "fedprox": ("FedProx", {"mu": (float, 0.01, 0.0, 100.0, False, False)}),
+    "fedadam": (
+        "FedAdam",
+        {
+            "eta": (float, 0.1, 0.0, 10.0, True, False),
+            "eta_l": (float, 0.1, 0.0, 10.0, True, False),
+            "tau": (float, 1e-3, 0.0, 1.0, True, False),
+            "beta_1": (float, 0.9, 0.0, 1.0, False, True),
+            "beta_2": (float, 0.99, 0.0, 1.0, False, True),
+        },
+    ),
+    "fedyogi": (
+        "FedYogi",
+        {
+            "eta": (float, 0.01, 0.0, 10.0, True, False),
+            "eta_l": (float, 0.0316, 0.0, 10.0, True, False),
+            "tau": (float, 1e-3, 0.0, 1.0, True, False),
+            "beta_1": (float, 0.9, 0.0, 1.0, False, True),
+            "beta_2": (float, 0.99, 0.0, 1.0, False, True),
+        },
+    ),
+    "fedadagrad": (
+        "FedAdagrad",
+        {
+            "eta": (float, 0.1, 0.0, 10.0, True, False),
+            "eta_l": (float, 0.1, 0.0, 10.0, True, False),
+            "tau": (float, 1e-3, 0.0, 1.0, True, False),
+        },
+    ),
+    "fedmedian": ("FedMedian", {}),
+    "fedtrimmedavg": ("FedTrimmedAvg", {"beta": (float, 0.2, 0.0, 0.5, False, True)}),
+    "krum": ("Krum", {"num_malicious_nodes": (int, 0, 0, 1000, False, False)}),
+}
+DEFAULT_STRATEGY: dict[str, Any] = {"name": "fedavg"}
+#: Server-side optimisers (Reddi et al. 2021): their ``eta_l`` is the sites' learning rate.
+FEDOPT = ("fedadam", "fedyogi", "fedadagrad")
+#: The strategies that need only the example-weighted mean of the sites' updates, so run under
+#: secure aggregation (SecAgg+ gives the ServerApp that mean and nothing else): FedAvg, FedProx
+#: (its μ acts at the sites) and FedOpt (the mean minus the global model is its pseudo-gradient,
+#: Reddi et al. 2021, Alg. 2). The robust aggregators need each site's update.
+SECURE_SUM_STRATEGIES = ("fedavg", "fedprox", *FEDOPT)
+#: Labels for forms and pages.
+LABELS = {
+    "fedavg": "FedAvg",
+    "fedprox": "FedProx",
+    "fedadam": "FedAdam",
+    "fedyogi": "FedYogi",
+    "fedadagrad": "FedAdagrad",
+    "fedmedian": "FedMedian",
+    "fedtrimmedavg": "FedTrimmedAvg",
+    "krum": "Krum",
+}
+
+
+class StrategySpecError(ValueError):
+    """A strategy spec that does not fit :func:`read_strategy_spec` (message names the field)."""
+
+
+def read_strategy_spec(raw: Any, where: str = "strategy") -> dict[str, Any]:
+    """Validate a strategy spec and return it complete (every parameter, Flower's defaults
+    filled in). Ranges: ``mu`` ∈ [0, 100]; ``eta``, ``eta_l`` ∈ (0, 10]; ``tau`` ∈ (0, 1];
+    ``beta_1``, ``beta_2`` ∈ [0, 1); ``beta`` ∈ [0, 0.5); ``num_malicious_nodes`` an integer
+    ≥ 0 (``krum_problem`` checks it against the number of sites). Raises
+    :class:`StrategySpecError` (a ``ValueError``) naming the field."""
+    if not isinstance(raw, Mapping):
+        raise StrategySpecError(f"{where}: expected an object")
+    name = raw.get("name", "fedavg")
+    if name not in STRATEGIES:
+        raise StrategySpecError(
+            f"{where}.name: {str(name)[:40]!r} is not one of {', '.join(STRATEGIES)}"
+        )
+    params = STRATEGIES[name][1]
+    unknown = sorted(set(raw) - {"name", *params})
+    if unknown:
+        raise StrategySpecError(f"{where}: unknown field(s) {unknown} for {name}")
+    out: dict[str, Any] = {"name": name}
+    for key, (kind, default, lo, hi, lo_open, hi_open) in params.items():
+        value = raw.get(key, default)
+        w = f"{where}.{key}"
+        if kind is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise StrategySpecError(f"{w}: expected an integer")
+        elif isinstance(value, bool) or not isinstance(value, int | float):
+            raise StrategySpecError(f"{w}: expected a number")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise StrategySpecError(f"{w}: expected a finite number")
+        if value < lo or value > hi or (lo_open and value == lo) or (hi_open and value == hi):
+            left, right = "(" if lo_open else "[", ")" if hi_open else "]"
+            raise StrategySpecError(f"{w}: {value!r} is outside {left}{lo:g}, {hi:g}{right}")
+        out[key] = kind(value)
+    return out
+
+
+def krum_problem(spec: Mapping[str, Any], sites: int) -> str:
+    """Why Krum cannot tolerate ``num_malicious_nodes`` faulty sites among ``sites`` (``""``: it
+    can). Blanchard et al. 2017 (Prop. 1) need ``n > 2f + 2``."""
+    if spec.get("name") != "krum":
+        return ""
+    f = int(spec.get("num_malicious_nodes", 0))
+    if sites <= 2 * f + 2:
+        return (
+            f"Krum tolerates {f} faulty site(s) only with more than {2 * f + 2} sites "
+            f"(this job has {sites})."
+        )
+    return ""
+
+
+def secagg_problem(spec: Mapping[str, Any] | None) -> str:
+    """Why the strategy cannot run under secure aggregation (``""``: it can). SecAgg+ gives the
+    ServerApp only Σ n_i·w_i / Σ n_i; FedMedian, FedTrimmedAvg and Krum rank or select individual
+    updates, which a secure sum never reveals (:data:`SECURE_SUM_STRATEGIES` can)."""
+    name = dict(spec or DEFAULT_STRATEGY).get("name", "fedavg")
+    if name in SECURE_SUM_STRATEGIES:
+        return ""
+    label = LABELS.get(name, str(name))
+    return (
+        f"{label} needs each site's update, but secure aggregation gives the server only the "
+        "sites' weighted mean. Choose FedAvg, FedProx, FedAdam, FedYogi or FedAdagrad, or turn "
+        "secure aggregation off."
+    )
+
+
+def describe_strategy(spec: Mapping[str, Any]) -> str:
+    """The strategy and its parameters in one line, e.g. ``FedAdam (eta 0.1, eta_l 0.1, …)``."""
+    name = spec.get("name", "fedavg")
+    params = [(k, spec[k]) for k in STRATEGIES.get(name, ("", {}))[1] if k in spec]
+    label = LABELS.get(name, str(name))
+    if not params:
+        return label
+    return f"{label} ({', '.join(f'{k} {v:g}' for k, v in params)})"
+
+
+def client_settings(spec: Mapping[str, Any] | None, learning_rate: float) -> tuple[float, float]:
+    """What the strategy asks of a site's local training: ``(learning rate, FedProx μ)``.
+    FedOpt strategies' ``eta_l`` replaces the run's learning rate (Reddi et al.'s η_l)."""
+    spec = dict(spec or DEFAULT_STRATEGY)
+    name = spec.get("name", "fedavg")
+    mu = float(spec.get("mu", 0.0)) if name == "fedprox" else 0.0
+    lr = float(spec.get("eta_l", learning_rate)) if name in FEDOPT else float(learning_rate)
+    return lr, mu
+
+
+def reconstruction_note(spec: Mapping[str, Any] | None) -> str:
+    """How the contribution's coalition models are rebuilt under this strategy, and why that is
+    sound, for the job page (ADR 0022)."""
+    name = dict(spec or DEFAULT_STRATEGY).get("name", "fedavg")
+    label = LABELS.get(name, name)
+    if name in ("fedavg", "fedprox"):
+        return (
+            f"Coalition models rebuilt from the logged updates by {label}'s example-weighted "
+            "average of the coalition's members (Song et al. 2019)."
+        )
+    if name in FEDOPT:
+        return (
+            f"Coalition models rebuilt by replaying {label}'s server optimiser on the coalition's "
+            "own averaged updates, with its own moments; per-round values are not computed, "
+            "because a round's model depends on the optimiser state of the whole history."
+        )
+    return (
+        f"Coalition models rebuilt by re-applying {label} to the coalition's logged updates "
+        "(the robust aggregator is a function of the members' updates only)."
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Flower objects
+# ---------------------------------------------------------------------------------------------
+
+
+def build_strategy(spec: Mapping[str, Any] | None):
+    """The Flower ``Strategy`` of a strategy spec (validated by :func:`read_strategy_spec`),
+    with every ``min_*_nodes`` at 1 (the ServerApp decides who takes part). Raises
+    :class:`StrategySpecError` on a bad spec."""
+    from flwr.serverapp import strategy as fl
+
+    spec = read_strategy_spec(dict(spec or DEFAULT_STRATEGY))
+    name = spec["name"]
+    cls = getattr(fl, STRATEGIES[name][0])
+    kwargs: dict[str, Any] = {
+        "min_train_nodes": 1,
+        "min_evaluate_nodes": 1,
+        "min_available_nodes": 1,
+    }
+    if name == "fedprox":
+        kwargs["proximal_mu"] = spec["mu"]
+    else:
+        kwargs.update({k: v for k, v in spec.items() if k != "name"})
+    return cls(**kwargs)
+
+
+def aggregate_train(strategy, server_round: int, current, replies):
+    """``strategy.aggregate_train(server_round, replies)`` after setting what Flower's
+    ``configure_train`` would (FedOpt's ``current_arrays`` := ``current``, the round's global
+    ``ArrayRecord``). Returns Flower's ``(ArrayRecord | None, MetricRecord | None)``."""
+    if hasattr(strategy, "current_arrays"):
+        strategy.current_arrays = {k: a.numpy() for k, a in current.items()}
+    return strategy.aggregate_train(server_round, list(replies))
+
+
+def aggregate_mean(strategy, server_round: int, current, mean, num_examples: int):
+    """The strategy's step from the sites' securely aggregated weighted mean ``mean`` (an
+    ``ArrayRecord`` w̄ = Σ n_i·w_i / Σ n_i over ``num_examples`` = Σ n_i rows), as one train reply
+    to Flower's ``aggregate_train``: FedAvg/FedProx give w̄ back; FedOpt takes w̄ − ``current`` as
+    its pseudo-gradient (Reddi et al. 2021, Alg. 2: FedAvg's mean of the replies is exactly w̄).
+    Only :data:`SECURE_SUM_STRATEGIES` may be used: raises ``StrategySpecError`` for the others.
+    Returns Flower's ``(ArrayRecord | None, MetricRecord | None)``."""
+    name = next((n for n, (cls, _) in STRATEGIES.items() if cls == type(strategy).__name__), "")
+    if name not in SECURE_SUM_STRATEGIES:
+        raise StrategySpecError(secagg_problem({"name": name}) or "unknown strategy")
+    weights = [np.asarray(a, dtype=np.float64) for a in mean.to_numpy_ndarrays()]
+    return aggregate_train(strategy, server_round, current, [train_reply(weights, num_examples)])
+
+
+def train_reply(weights: list[np.ndarray], num_examples: int, *, node: int = 0):
+    """A logged train reply rebuilt as a Flower ``Message`` (content ``arrays`` + ``metrics``
+    with ``num-examples``), for a strategy's ``aggregate_train`` outside a run."""
+    from flwr.app import ArrayRecord, Message, Metadata, MetricRecord, RecordDict
+
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord([np.asarray(a) for a in weights]),
+            "metrics": MetricRecord({"num-examples": int(num_examples)}),
+        }
+    )
+    meta = Metadata(
+        run_id=0,
+        message_id="",
+        src_node_id=node,
+        dst_node_id=0,
+        reply_to_message_id="",
+        group_id="",
+        created_at=0.0,
+        ttl=0.0,
+        message_type="train",
+    )
+    return Message(content, metadata=meta)
+
+
+def _replay_step(strategy, server_round: int, current: list[np.ndarray], updates, examples):
+    """One round of ``strategy`` from ``current`` on ``updates`` (list of weights lists)."""
+    from flwr.app import ArrayRecord
+
+    replies = [train_reply(u, n) for u, n in zip(updates, examples, strict=True)]
+    arrays, _ = aggregate_train(strategy, server_round, ArrayRecord(current), replies)
+    return [np.asarray(a, dtype=np.float64) for a in arrays.to_numpy_ndarrays()]
+
+
+def coalition_models(spec, initial, rounds, coalition: frozenset[int], *, with_rounds: bool):
+    """``task.coalition_models`` under the job's strategy: ``(run model, per-round models)``.
+
+    FedAvg / FedProx: ``task.coalition_models`` (example-weighted FedAvg delta). Others: a fresh
+    Flower strategy per coalition replays every round ``t`` on the members' updates shifted to the
+    coalition's own model, ``w^S_{t−1} + (w_i^t − w_{t−1})``; a round in which no member replied
+    leaves the model where it is. Per-round models (``with_rounds``) are ``w_{t−1} + agg(S)`` for
+    the stateless robust aggregators and are not computed (``[]``) for FedOpt (ADR 0022).
+    Shapes as ``initial`` (list of float64 arrays).
+    """
+    from frp_flwr import task
+
+    spec = read_strategy_spec(dict(spec or DEFAULT_STRATEGY))
+    if spec["name"] in ("fedavg", "fedprox"):
+        return task.coalition_models(initial, rounds, coalition, with_rounds=with_rounds)
+    flwr_log = logging.getLogger("flwr")
+    level = flwr_log.level
+    flwr_log.setLevel(logging.WARNING)  # Flower logs every aggregation at INFO
+    try:
+        strategy = build_strategy(spec)
+        weights = [np.array(layer, dtype=np.float64, copy=True) for layer in initial]
+        per_round: list[list[np.ndarray]] = []
+        stateless = spec["name"] not in FEDOPT
+        for t, log in enumerate(rounds, start=1):
+            members = sorted(i for i in coalition if i in log.updates)
+            if not members:
+                if with_rounds and stateless:
+                    per_round.append([np.array(s, dtype=np.float64) for s in log.start])
+                continue
+            counts = [log.examples[i] for i in members]
+            if with_rounds and stateless:
+                per_round.append(
+                    _replay_step(
+                        build_strategy(spec),
+                        t,
+                        log.start,
+                        [log.updates[i] for i in members],
+                        counts,
+                    )
+                )
+            shifted = [
+                [
+                    w + (np.asarray(u, dtype=np.float64) - s)
+                    for w, u, s in zip(weights, upd, log.start, strict=True)
+                ]
+                for upd in (log.updates[i] for i in members)
+            ]
+            weights = _replay_step(strategy, t, weights, shifted, counts)
+    finally:
+        flwr_log.setLevel(level)
+    return weights, per_round

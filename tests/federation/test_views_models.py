@@ -1,0 +1,161 @@
+"""The job form's model and strategy choice (issue 14): stored complete, sent in the run config,
+bad values shown inline, named on the job page and the credit statement (ADR 0022)."""
+
+# ruff: noqa: F811 — the fixtures imported from test_views are redefined as arguments
+from __future__ import annotations
+
+import pytest
+
+from federation import services
+from federation.models import FederatedJob
+from frp_flwr import contract
+from tests.federation.test_views import (  # noqa: F401 — fixtures
+    _field_block,
+    _form_data,
+    _job,
+    fake_superlink,
+    pi_client,
+    world,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+def test_job_form_offers_models_and_strategies(pi_client):
+    page = pi_client.get("/jobs/new/").content.decode()
+
+    assert 'name="model_kind"' in page and 'value="mlp"' in page
+    for label in ("FedAvg", "FedProx", "FedAdam", "FedYogi", "FedAdagrad", "FedMedian", "Krum"):
+        assert f">{label}<" in page
+    assert "Units per hidden layer" in page and "proximal term" in page
+
+
+def test_job_form_mlp_and_fedadam_are_stored_complete_and_sent_to_the_sites(
+    pi_client, world, fake_superlink, eager_celery, django_capture_on_commit_callbacks
+):
+    data = _form_data(
+        world,
+        model_kind="mlp",
+        mlp_hidden="64, 32",
+        mlp_activation="tanh",
+        mlp_dropout="0.1",
+        strategy_name="fedadam",
+        server_eta="0.05",
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        response = pi_client.post("/jobs/new/", data)
+
+    assert response.status_code == 302
+    job = FederatedJob.objects.get()
+    assert job.model_spec == {
+        "kind": "mlp",
+        "hidden": [64, 32],
+        "activation": "tanh",
+        "dropout": 0.1,
+        "l2": 1e-4,
+    }
+    assert job.strategy_spec == {
+        "name": "fedadam",
+        "eta": 0.05,
+        "eta_l": 0.1,  # the form's learning rate
+        "tau": 1e-3,
+        "beta_1": 0.9,
+        "beta_2": 0.99,
+    }
+    assert (job.model, job.strategy) == ("mlp", "fedadam")
+    sent = contract.JobSpec.from_json(fake_superlink.submitted[0]["job-spec"])
+    assert sent.model == job.model_spec and sent.strategy == job.strategy_spec
+
+
+def test_job_form_without_model_fields_means_linear_and_fedavg(
+    pi_client, world, fake_superlink, eager_celery
+):
+    response = pi_client.post("/jobs/new/", _form_data(world))
+
+    assert response.status_code == 302
+    job = FederatedJob.objects.get()
+    assert job.model_spec == {"kind": "linear"} and job.strategy_spec == {"name": "fedavg"}
+
+
+def test_job_form_bad_hidden_layers_show_inline(pi_client, world):
+    response = pi_client.post(
+        "/jobs/new/", _form_data(world, model_kind="mlp", mlp_hidden="64,abc")
+    )
+
+    assert response.status_code == 200
+    assert "whole numbers separated by commas" in _field_block(
+        response.content.decode(), "id_mlp_hidden"
+    )
+    assert FederatedJob.objects.count() == 0
+
+
+def test_job_form_out_of_range_values_show_inline_on_their_fields(pi_client, world):
+    response = pi_client.post(
+        "/jobs/new/",
+        _form_data(world, model_kind="mlp", mlp_dropout="0.95", strategy_name="fedprox"),
+    )
+    page = response.content.decode()
+    assert "outside [0, 0.9]" in _field_block(page, "id_mlp_dropout")
+
+    response = pi_client.post(
+        "/jobs/new/", _form_data(world, strategy_name="fedtrimmedavg", trimmed_beta="0.5")
+    )
+    assert "outside [0, 0.5)" in _field_block(response.content.decode(), "id_trimmed_beta")
+    assert FederatedJob.objects.count() == 0
+
+
+def test_job_form_krum_with_too_few_sites_is_refused_inline(pi_client, world):
+    response = pi_client.post(
+        "/jobs/new/", _form_data(world, strategy_name="krum", krum_faulty="1")
+    )
+
+    assert response.status_code == 200
+    block = _field_block(response.content.decode(), "id_strategy_name")
+    assert "more than 4 sites" in block and "this job has 2" in block
+    assert FederatedJob.objects.count() == 0
+
+
+def test_job_submit_refuses_a_bad_strategy_spec_on_its_field(world):
+    try:
+        services.job_submit(
+            by=world["pi"],
+            project=world["project"],
+            dataset_versions=world["versions"],
+            title="x",
+            target_column="label",
+            strategy={"name": "fedsgd"},
+        )
+    except services.JobError as exc:
+        assert "strategy.name" in exc.field_errors["strategy_name"][0]
+    else:
+        raise AssertionError("no JobError")
+
+
+def test_job_page_and_credit_statement_name_model_strategy_and_contribution_method(
+    pi_client, world
+):
+    job = _job(
+        world["project"],
+        world["pi"],
+        model="mlp",
+        model_spec={"kind": "mlp", "hidden": [8], "activation": "relu", "dropout": 0.0, "l2": 1e-4},
+        strategy="fedmedian",
+        strategy_spec={"name": "fedmedian"},
+    )
+
+    page = pi_client.get(f"/jobs/{job.pk}/").content.decode()
+    credit = pi_client.get(f"/accounting/credit/jobs/{job.pk}/").content.decode()
+
+    assert "Multilayer perceptron (hidden 8, relu, dropout 0, L2 0.0001)" in page
+    assert "FedMedian" in page
+    assert "re-applying FedMedian to the coalition" in page
+    assert "multilayer perceptron (hidden 8" in credit and "strategy FedMedian" in credit
+
+
+def test_job_page_of_an_old_job_says_logistic_regression_and_fedavg(pi_client, world):
+    job = _job(world["project"], world["pi"])
+
+    page = pi_client.get(f"/jobs/{job.pk}/").content.decode()
+
+    assert "Logistic (softmax) regression" in page
+    assert '<dd class="col-6" id="job-strategy">FedAvg</dd>' in page
