@@ -99,3 +99,51 @@ def test_secagg_job_is_scored_by_data_volume_and_its_page_says_why(
     assert 'id="secure-aggregation"' in page
     assert "Contribution method: data volume and compute" in page
     assert "no site&#x27;s own update exists" in page or "no site's own update exists" in page
+
+
+def _secure_form(world, **extra) -> dict:
+    return {
+        "title": "secure-strategy",
+        "project": world["project"].pk,
+        "datasets": [v.pk for v in world["versions"]],
+        "target_column": "label",
+        "feature_columns": "",
+        "num_rounds": 2,
+        "local_epochs": 1,
+        "learning_rate": 0.1,
+        "secure_aggregation": "on",
+        **extra,
+    }
+
+
+@pytest.mark.parametrize("name", ["fedmedian", "fedtrimmedavg"])
+def test_job_form_refuses_secure_aggregation_with_a_strategy_that_needs_each_update(
+    client, world, fake_superlink, name
+):
+    client.force_login(world["pi"])
+    response = client.post("/jobs/new/", _secure_form(world, strategy_name=name))
+    assert response.status_code == 200
+    errors = response.context["form"].errors
+    assert "needs each site's update" in " ".join(errors.get("strategy_name", [])), errors
+    assert not services.FederatedJob.objects.filter(title="secure-strategy").exists()
+
+
+def test_job_submit_refuses_krum_under_secure_aggregation_with_enough_sites_for_krum(world):
+    with pytest.raises(services.JobError) as caught:
+        services._validate_training(None, {"name": "krum"}, sites=5, secure_aggregation=True)
+    assert "needs each site's update" in caught.value.field_errors["strategy_name"][0]
+    services._validate_training(None, {"name": "krum"}, sites=5, secure_aggregation=False)
+
+
+def test_job_form_submits_secure_aggregation_with_fedadam_and_the_mlp(
+    client, world, fake_superlink
+):
+    client.force_login(world["pi"])
+    response = client.post(
+        "/jobs/new/", _secure_form(world, strategy_name="fedadam", model_kind="mlp")
+    )
+    assert response.status_code == 302, response.content.decode()[-2000:]
+    job = services.FederatedJob.objects.get(title="secure-strategy")
+    spec = contract.JobSpec.from_json(services.job_run_config(job).job_spec)
+    assert spec.privacy == {"secagg": True}
+    assert spec.strategy["name"] == "fedadam" and spec.model["kind"] == "mlp"
