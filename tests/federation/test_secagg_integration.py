@@ -30,7 +30,7 @@ from django.test import Client
 from flwr.common import bytes_to_ndarray
 
 from accounting.models import ContributionScore
-from federation import services
+from federation import artifacts, services
 from federation.models import FederatedJob, JobStatus
 from frp_flwr import contract
 from frp_flwr.preprocess import Fitted, site_frame, transform
@@ -119,7 +119,9 @@ def jobs(secagg_world, django_db_blocker):
         page = client.get(f"/jobs/{secure.pk}/").content.decode()
         scores = list(ContributionScore.objects.filter(job=secure).select_related("site"))
         frames = {site: _site_rows(w, secure, site) for site in SITES}
-        return secure, plain, page, scores, frames
+        # the final models, from the model store (ADR 0026), read while the fixture's store is set
+        models = {j.pk: (artifacts.model_payload(j) or {}).get("weights") for j in (secure, plain)}
+        return secure, plain, page, scores, frames, models
 
 
 def _site_rows(w, job, site: str):
@@ -204,7 +206,9 @@ def test_secagg_job_completes_with_the_accuracy_of_plain_fedavg(jobs):
     a, b = secure.final_metrics["eval_accuracy"], plain.final_metrics["eval_accuracy"]
     print(f"\nSecAgg+ accuracy {a:.4f}, plain FedAvg {b:.4f}")
     assert a == pytest.approx(b, abs=0.01)
-    for x, y in zip(secure.final_metrics["model"], plain.final_metrics["model"], strict=True):
+    models = jobs[5]
+    assert models[secure.pk] and models[plain.pk]
+    for x, y in zip(models[secure.pk], models[plain.pk], strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-3)
 
 
@@ -215,7 +219,7 @@ def test_the_serverapp_never_held_a_sites_update(jobs, secagg_world):
     assert sorted(truth) == list(range(1, ROUNDS + 1))
     assert all(set(sites) == set(SITES) for sites in truth.values())
     # The recomputation is right: each next global model is the example-weighted mean.
-    finals = [np.asarray(a) for a in secure.final_metrics["model"]]
+    finals = [np.asarray(a) for a in jobs[5][secure.pk]]
     for rnd, sites in truth.items():
         nxt = truth[rnd + 1][SITES[0]][0] if rnd < ROUNDS else finals
         total = sum(n for _, _, n in sites.values())
