@@ -247,7 +247,7 @@ def test_the_serverapp_never_held_a_sites_update(jobs, secagg_world):
 
 
 def test_job_page_and_accounting_say_data_volume(jobs):
-    secure, _, page, scores, _ = jobs
+    secure, _, page, scores, *_ = jobs
     assert "SecAgg+" in page and "data volume" in page
     assert "Individual updates were hidden by secure aggregation" in page
     assert secure.final_metrics["updates_hidden"] is True
