@@ -67,6 +67,14 @@ class JobSubmitForm(forms.Form):
     learning_rate = forms.FloatField(
         min_value=1e-6, max_value=10.0, initial=0.1, help_text="SGD step size at each site."
     )
+    secure_aggregation = forms.BooleanField(
+        required=False,
+        label="Secure aggregation (SecAgg+)",
+        help_text="The server sees only the sum of the sites' model updates, never one site's "
+        "(Flower's SecAgg+; each round takes four exchanges instead of one). Because no "
+        "individual update exists, contribution is then measured by data volume and compute "
+        "(each site's training examples and metered work), not by Shapley value.",
+    )
 
     # --- model and strategy (frp_flwr.models, frp_flwr.strategies) ---------------------------
     model_kind = forms.ChoiceField(

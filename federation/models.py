@@ -370,6 +370,11 @@ class FederatedJob(models.Model):
         blank=True,
         help_text="ε the job spends at the privacy settings' δ (accountant, at submission).",
     )
+    secure_aggregation = models.BooleanField(
+        default=False,
+        help_text="SecAgg+ (frp_flwr.secagg): the ServerApp sees only the sum of the sites' "
+        "updates, so contribution is measured by data volume and compute, not Shapley values.",
+    )
 
     flower_run_id = models.CharField(max_length=32, blank=True, help_text="uint64, as text.")
     launch_nonce = models.CharField(

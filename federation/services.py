@@ -159,10 +159,14 @@ def _validate_columns(
     return task, features, out_plans
 
 
-def _validate_training(model: dict | None, strategy: dict | None, *, sites: int):
+def _validate_training(
+    model: dict | None, strategy: dict | None, *, sites: int, secure_aggregation: bool = False
+):
     """The complete model and strategy specs (``contract.read_model_choice`` /
-    ``read_strategy_choice``); raises ``JobError`` on ``model_kind`` / ``strategy_name``."""
-    from frp_flwr.strategies import krum_problem
+    ``read_strategy_choice``); raises ``JobError`` on ``model_kind`` / ``strategy_name`` (also
+    for a strategy that needs individual updates in a secure-aggregation job,
+    ``strategies.secagg_problem``)."""
+    from frp_flwr.strategies import krum_problem, secagg_problem
 
     try:
         model_spec = contract.read_model_choice(model or {"kind": "linear"})
@@ -185,6 +189,20 @@ def _validate_training(model: dict | None, strategy: dict | None, *, sites: int)
                 ]
             },
         )
+    problem = secagg_problem(strategy_spec) if secure_aggregation else ""
+    if problem:
+        raise JobError("strategy under secure aggregation", {"strategy_name": [problem]})
+    if secure_aggregation and model_spec["kind"] == "xgboost":
+        raise JobError(
+            "trees under secure aggregation",
+            {
+                "secure_aggregation": [
+                    "SecAgg+ sums weight vectors; gradient-boosted trees send trees, so they "
+                    "cannot be aggregated securely. Turn it off or choose the linear model or "
+                    "the MLP."
+                ]
+            },
+        )
     return model_spec, strategy_spec
 
 
@@ -201,6 +219,7 @@ def job_submit(
     num_rounds: int = 5,
     local_epochs: int = 5,
     learning_rate: float = 0.1,
+    secure_aggregation: bool = False,
     schedule: dict | None = None,
     model: dict | None = None,
     strategy: dict | None = None,
@@ -213,6 +232,10 @@ def job_submit(
     schema, each feature's plan (``preprocessing``: kind, missing-value rule, indicator) fitting
     its type — a feature without a plan gets the careful default (``federation.columns``); the
     target's type decides the task. Raises ``JobError`` (with per-field messages) otherwise.
+
+    ``secure_aggregation``: train with SecAgg+ (``frp_flwr.secagg``; contribution then by data
+    volume, ``final_metrics["updates_hidden"]``); the strategy must then need only the weighted
+    mean (FedAvg, FedProx, FedAdam, FedYogi, FedAdagrad), else ``JobError`` on ``strategy_name``.
 
     ``schedule`` (optional): ``policy`` (``SchedulePolicy`` value), ``deadline`` (aware datetime),
     ``budget_cap`` (``Decimal``), ``qos``, ``preemptible``, ``cores`` / ``memory_gib`` / ``gpus``
@@ -255,7 +278,9 @@ def job_submit(
             "no valid grant",
             {"datasets": [f"No valid access grant for this project: {', '.join(ungranted)}."]},
         )
-    model_spec, strategy_spec = _validate_training(model, strategy, sites=len(versions))
+    model_spec, strategy_spec = _validate_training(
+        model, strategy, sites=len(versions), secure_aggregation=secure_aggregation
+    )
     task, features, plans = _validate_columns(
         versions, target_column, list(feature_columns or []), list(preprocessing or [])
     )
@@ -266,6 +291,16 @@ def job_submit(
     if cap is not None and cap <= 0:
         raise JobError("budget cap", {"budget_cap": ["A budget cap must be above zero."]})
     privacy_settings, epsilon = _privacy_check(project, versions, privacy, num_rounds)
+    if privacy_settings and secure_aggregation:
+        raise JobError(
+            "differential privacy with secure aggregation",
+            {
+                "dp": [
+                    "Differential privacy clips each site's update before it is combined; with "
+                    "secure aggregation the server has only the sum. Choose one of the two."
+                ]
+            },
+        )
     if privacy_settings and model_spec.get("kind") == "xgboost":
         raise JobError(
             "differential privacy with trees",
@@ -290,6 +325,7 @@ def job_submit(
         num_rounds=num_rounds,
         local_epochs=local_epochs,
         learning_rate=learning_rate,
+        secure_aggregation=secure_aggregation,
         model=model_spec["kind"],
         model_spec=model_spec,
         strategy=strategy_spec["name"],
@@ -347,7 +383,11 @@ def _privacy_check(project, versions, privacy: dict | None, num_rounds: int):
     if not privacy or privacy.get("dp", "off") == "off":
         return {}, None
     try:
-        settings_ = contract.Privacy.from_json(dict(privacy)).to_json()
+        settings_ = {  # the differential-privacy settings (SecAgg+ is the job's own field)
+            k: v
+            for k, v in contract.Privacy.from_json(dict(privacy)).to_json().items()
+            if not k.startswith("secagg")
+        }
         epsilon = privacy_budget.job_epsilon(settings_, num_rounds=num_rounds, sites=len(versions))
     except (contract.ContractError, PrivacyError) as exc:
         raise JobError(str(exc), {"dp": [str(exc)]}) from None
@@ -389,7 +429,9 @@ def job_run_config(job: FederatedJob) -> contract.RunConfig:
         plans=[contract.FeaturePlan(**p) for p in job.preprocessing],
         model=dict(job.model_spec or {"kind": "linear"}),
         strategy=dict(job.strategy_spec or {"name": "fedavg"}),
-        privacy=contract.Privacy.from_json(job.privacy) if job.privacy else contract.Privacy(),
+        privacy=contract.Privacy.from_json(
+            {**(job.privacy or {}), **({"secagg": True} if job.secure_aggregation else {})}
+        ),
     )
     callback = settings.FRP_CALLBACK_BASE_URL.rstrip("/") + reverse(
         "federation:job_callback", args=[job.pk]
@@ -721,6 +763,8 @@ def _record_finished(job: FederatedJob, sites: dict[str, JobSite], event: contra
         "metrics": event.metrics.to_json() if event.metrics else None,
         "baseline": event.baseline.to_json() if event.baseline else None,
         "preprocessing": event.preprocessing,
+        # SecAgg+: the ServerApp saw only sums, so contribution is by data volume (accounting)
+        "updates_hidden": bool(job.secure_aggregation),
     }
     job.save(update_fields=["final_metrics", "model_key"])
     for slug, info in event.sites.items():

@@ -73,6 +73,7 @@ def job_create(request):
                 num_rounds=data["num_rounds"],
                 local_epochs=data["local_epochs"],
                 learning_rate=data["learning_rate"],
+                secure_aggregation=data.get("secure_aggregation", False),
                 schedule=sched.cleaned_data,
                 model=data["model"],
                 strategy=data["strategy"],

@@ -20,6 +20,7 @@ from scipy.stats import norm
 
 from federation import privacy, services
 from federation.models import FederatedJob, JobStatus, RoundMetric
+from frp_flwr import contract
 from portal.ledger.models import LedgerEntry
 from portal.models import Membership, Role
 from sandbox import services as sandbox_services
@@ -91,8 +92,9 @@ def _budget(world, dataset, epsilon):
     return PrivacyBudget.objects.create(project=world["project"], dataset=dataset, epsilon=epsilon)
 
 
-def _submit(world, rounds=3, **privacy_):
+def _submit(world, rounds=3, secure_aggregation=False, **privacy_):
     return services.job_submit(
+        secure_aggregation=secure_aggregation,
         by=world["pi"],
         project=world["project"],
         dataset_versions=world["versions"],
@@ -149,6 +151,18 @@ def test_dp_with_gradient_boosted_trees_is_refused_on_the_dp_field(world, settin
         )
     assert "cannot protect them" in err.value.field_errors["dp"][0]
     assert FederatedJob.objects.count() == 0
+
+
+def test_dp_with_secure_aggregation_is_refused_on_the_dp_field_and_by_the_contract(world, settings):
+    """Flower's clipping needs each site's update; SecAgg+ leaves the server only the sum."""
+    settings.CELERY_TASK_ALWAYS_EAGER = False
+    with pytest.raises(services.JobError) as err:
+        _submit(world, secure_aggregation=True)
+    assert "Choose one of the two" in err.value.field_errors["dp"][0]
+    assert FederatedJob.objects.count() == 0
+    dp = {"dp": "client", "noise_multiplier": 1.0, "clipping_norm": 1.0, "delta": 1e-5}
+    with pytest.raises(contract.ContractError, match="cannot be combined with secure aggregation"):
+        contract.Privacy.from_json({**dp, "secagg": True})
 
 
 def test_submit_over_a_budget_is_refused_with_spent_this_job_and_budget(world, settings):
@@ -265,7 +279,8 @@ def test_form_valid_dp_post_creates_the_job_and_its_page_shows_epsilon(
     job = FederatedJob.objects.get()
     assert response.status_code == 302 and job.epsilon is not None
     spec = json.loads(fake_superlink.submitted[0]["job-spec"])
-    assert spec["privacy"] == job.privacy
+    assert {k: spec["privacy"][k] for k in job.privacy} == job.privacy
+    assert spec["privacy"]["secagg"] is False
     page = pi_client.get(f"/jobs/{job.pk}/").content.decode()
     shown = float(re.search(r'id="job-epsilon" data-epsilon="([0-9.e+-]+)"', page).group(1))
     assert shown == job.epsilon

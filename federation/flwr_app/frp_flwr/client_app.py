@@ -13,6 +13,8 @@ Handlers (Flower Message API):
   weights and metered usage (examples, loss, CPU seconds, wall seconds, bytes received and sent).
   A job whose ``model.kind`` is ``xgboost`` boosts trees on top of the global booster instead and
   replies with its new trees only (``frp_flwr.trees``).
+  In a secure-aggregation job the same handler runs inside SecAgg+'s mod (``frp_flwr.secagg``):
+  its weights leave the site only as a masked delta; its metrics are sent in clear.
 - ``evaluate`` — loss and accuracy of the global model on the site's held-out split; after the last
   round also the aggregates of the final metrics (``frp_flwr.metrics``).
 - ``evaluate.coalitions`` — after the last round: loss and accuracy of K coalition models (sent
@@ -62,6 +64,7 @@ from frp_flwr.preprocess import (
     transform,
 )
 from frp_flwr.privacy import clip_mod
+from frp_flwr.secagg import secagg_mod
 from frp_flwr.strategies import client_settings
 from frp_flwr.task import (
     SiteDataError,
@@ -201,7 +204,9 @@ def query_design(msg: Message, context: Context) -> Message:
     return _reply(msg, design=ConfigRecord(json_record(stats)))
 
 
-@app.train(mods=[clip_mod])  # Flower's fixedclipping_mod for client-side DP jobs
+# SecAgg+ jobs' train messages (frp_flwr.secagg); Flower's fixedclipping_mod for client-side DP
+# jobs (frp_flwr.privacy). Each passes other jobs' messages through unchanged.
+@app.train(mods=[secagg_mod, clip_mod])
 @_guard
 def train(msg: Message, context: Context) -> Message:
     """Local SGD of the job's model (``frp_flwr.models``) from the global weights, with the

@@ -321,14 +321,25 @@ class Privacy(_Record):
     site's model update (the change from the round's global weights, L2 norm over all arrays)
     is clipped to ``clipping_norm`` (Flower's fixed-clipping wrappers; McMahan et al. 2018,
     arXiv:1710.06963). ``delta``: the δ at which the portal states ε (0 < δ < 1).
-    Raises ``ContractError`` for values out of range, or dp on without a positive noise
-    multiplier and clipping norm.
+
+    ``secagg``: secure aggregation (SecAgg+, ``frp_flwr.secagg``), with ``secagg_num_shares``
+    (the shares of each site's secrets; 0: one per site of the round, otherwise 3 or more) and
+    ``secagg_threshold`` (how many rebuild them; 0: two thirds of the shares, otherwise 2 or
+    more, fewer than the shares); checked against the job's sites by :func:`_check_secagg`.
+
+    Raises ``ContractError`` for values out of range, dp on without a positive noise
+    multiplier and clipping norm, SecAgg+ settings without ``secagg``, or dp with ``secagg``
+    (Flower's clipping wrappers need each site's update; with SecAgg+ the server has only the
+    sum).
     """
 
     dp: str = "off"
     noise_multiplier: float = 0.0
     clipping_norm: float = 0.0
     delta: float = 1e-5
+    secagg: bool = False
+    secagg_num_shares: int = 0
+    secagg_threshold: int = 0
 
     @classmethod
     def from_json(cls, raw: Any, where: str = "privacy") -> Privacy:
@@ -342,6 +353,9 @@ class Privacy(_Record):
                     "noise_multiplier": lambda v, w: read_float(v, w, lo=0.0, hi=1e6),
                     "clipping_norm": lambda v, w: read_float(v, w, lo=0.0, hi=1e6),
                     "delta": lambda v, w: read_float(v, w, lo=1e-300, hi=1 - 1e-12),
+                    "secagg": read_bool,
+                    "secagg_num_shares": lambda v, w: read_int(v, w, lo=0, hi=MAX_SITES),
+                    "secagg_threshold": lambda v, w: read_int(v, w, lo=0, hi=MAX_SITES),
                 },
             )
         )
@@ -349,11 +363,47 @@ class Privacy(_Record):
             raise ContractError(f"{where}.noise_multiplier: must be above 0 with dp {value.dp!r}")
         if value.dp != "off" and value.clipping_norm <= 0:
             raise ContractError(f"{where}.clipping_norm: must be above 0 with dp {value.dp!r}")
+        if not value.secagg and (value.secagg_num_shares or value.secagg_threshold):
+            raise ContractError(f"{where}: SecAgg+ settings without secagg on")
+        if value.secagg and value.enabled:
+            raise ContractError(
+                f"{where}.dp: differential privacy cannot be combined with secure aggregation "
+                "here (the clipping needs each site's update; SecAgg+ gives only the sum)"
+            )
         return value
 
     @property
     def enabled(self) -> bool:
         return self.dp != "off"
+
+
+def _check_secagg(spec: JobSpec) -> None:
+    """SecAgg+ settings that fit the job's sites (Flower's own rules, ``SecAggPlusWorkflow``):
+    shares 0 or 3..sites, threshold 0 or 2..shares−1; 2 sites at least; a strategy that needs only
+    the weighted mean of the updates (``frp_flwr.strategies.secagg_problem``). Raises
+    ``ContractError``."""
+    privacy = spec.privacy
+    shares, threshold = privacy.secagg_num_shares, privacy.secagg_threshold
+    if not privacy.secagg:
+        return
+    n = len(spec.sites)
+    if n < 2:
+        raise ContractError("job-spec.privacy.secagg: secure aggregation needs 2 or more sites")
+    from frp_flwr.strategies import secagg_problem
+
+    problem = secagg_problem(spec.strategy)
+    if problem:
+        raise ContractError(f"job-spec.strategy: {problem}")
+    if shares and not 3 <= shares <= n:
+        raise ContractError(
+            f"job-spec.privacy.secagg_num_shares: {shares} is not 0 (one per site) or 3..{n}"
+        )
+    top = (shares or n) - 1
+    if threshold and not 2 <= threshold <= top:
+        raise ContractError(
+            f"job-spec.privacy.secagg_threshold: {threshold} is not 0 (two thirds of the shares) "
+            f"or 2..{top} (fewer than the shares)"
+        )
 
 
 @dataclass(frozen=True)
@@ -370,7 +420,8 @@ class JobSpec(_Record):
     ``strategy``: ``{"name": "fedavg"|"fedprox"|…, …params}``
     (``frp_flwr.strategies.read_strategy_spec``; an ``xgboost`` model is always bagged with
     Flower's FedXgbBagging, ``frp_flwr.trees``); a spec without them means linear + FedAvg.
-    ``privacy``: :class:`Privacy` (dp off when absent).
+    ``privacy``: :class:`Privacy` (dp and SecAgg+ off when absent; with ``secagg`` on, the
+    strategy must work from the weighted mean alone, ``frp_flwr.strategies.secagg_problem``).
     """
 
     sites: dict[str, SitePointer]
@@ -418,6 +469,7 @@ class JobSpec(_Record):
         )
         if not spec.sites:
             raise ContractError("job-spec.sites: no site")
+        _check_secagg(spec)
         names = [p.name for p in spec.plans]
         if len(set(names)) != len(names):
             raise ContractError("job-spec.plans: a feature has two plans")

@@ -18,6 +18,12 @@ Flow of one run (one portal job):
    message was sent to (SuperLink errors come from node 1). A site that errs, times out or sends a
    reply that does not fit the contract (``frp_flwr.contract``: types, ranges, finite numbers, the
    global model's shapes) is dropped; fewer than ``min_sites`` replies fail the run.
+   A secure-aggregation job (``JobSpec.privacy.secagg``) trains through Flower's SecAgg+ workflow
+   instead (``frp_flwr.secagg``, ADR 0027): the ServerApp gets only the sum of the sites' updates
+   (each site's metrics in clear, bounded as above) and no contribution is evaluated. The job's
+   strategy then steps from that weighted mean (``strategies.aggregate_mean``: FedAvg, FedProx,
+   FedOpt's pseudo-gradient); strategies that need each update are refused by the contract.
+   Its round checkpoints hold the global model and the strategy's state, no per-site history.
 3. **Reporting** — after every round a signed callback to the portal with the aggregate and per-site
    metrics (including each site's metering: CPU and wall seconds, bytes received and sent); the
    portal may answer with sites to drop (revoked grants). At the end a ``finished`` callback with
@@ -98,8 +104,9 @@ from frp_flwr.preprocess import (
     quantile_grids,
     standardise_from,
 )
+from frp_flwr.secagg import SecAggError, SecAggParams, fit_config, secure_train_round
 from frp_flwr.signing import SignatureError, job_key, master_key_from_environ, sign
-from frp_flwr.strategies import aggregate_train, build_strategy
+from frp_flwr.strategies import aggregate_mean, aggregate_train, build_strategy
 from frp_flwr.strategies import coalition_models as strategy_coalition_models
 from frp_flwr.task import (
     MAX_COALITION_MODELS,
@@ -212,16 +219,24 @@ class Exchange:
     elapsed: dict[int, float] = field(default_factory=dict)
 
 
+def _json_scalar(value):
+    """A record value as JSON: bytes as hex text (SecAgg+'s keys, shares and masked vectors)."""
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, list | tuple):
+        return [_json_scalar(v) for v in value]
+    return value
+
+
 def _record_to_json(record) -> dict:
-    """A RecordDict as plain JSON: arrays as nested lists, metric/config records as dicts."""
+    """A RecordDict as plain JSON: arrays as nested lists, metric/config records as dicts
+    (bytes as hex text)."""
     out = {}
     for key, value in record.items():
         if isinstance(value, ArrayRecord):
             out[key] = [a.tolist() for a in value.to_numpy_ndarrays()]
         else:
-            out[key] = {
-                k: (list(v) if isinstance(v, list | tuple) else v) for k, v in value.items()
-            }
+            out[key] = {k: _json_scalar(v) for k, v in value.items()}
     return out
 
 
@@ -849,6 +864,10 @@ class _Run:
     site_node: dict[str, int] = field(default_factory=dict)
     train_check: ReplyCheck | None = None
     test_check: ReplyCheck | None = None
+    #: SecAgg+ settings of a secure-aggregation job (``frp_flwr.secagg``), else ``None``
+    secagg: SecAggParams | None = None
+    #: the most rows any site holds (the portal's limits, else the discovery summaries)
+    max_rows: int = 0
     #: the model store checkpoints go to (``None``: none are saved)
     store: Any = None
 
@@ -1085,6 +1104,9 @@ def _make_run(
         test_check=bounds_check(
             "test", limits, test_fraction=cfg.test_fraction, classes=len(classes)
         ),
+        secagg=SecAggParams.of(cfg.spec),
+        max_rows=max((lim.rows for lim in limits.values()), default=0)
+        or max(found.site_reply[s][1].rows for s in active),
     )
     run.strategy = privacy.wrap(run.strategy, cfg.spec.privacy)  # dp off: unchanged
     privacy.round_config(run.strategy, run.config)
@@ -1098,7 +1120,10 @@ def _train_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> dict:
     as partial and ``JobFailed`` raised; a reply or an aggregate with NaN or infinity raises
     ``NonFinite`` naming the round (and the site)."""
     min_sites = run.cfg.spec.min_sites
-    train = run.send_model(MessageType.TRAIN, TrainReply, sites_out, rnd, check=run.train_check)
+    if run.secagg is not None:
+        train, secure = _secure_train(run, rnd, sites_out)
+    else:
+        train = run.send_model(MessageType.TRAIN, TrainReply, sites_out, rnd, check=run.train_check)
     for node, (_, m) in train.items():
         sites_out[run.node_site[node]].update(
             ok=True,
@@ -1119,6 +1144,16 @@ def _train_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> dict:
             run.strategy, run.arrays, rnd, [r for r, _ in train.values()]
         )
         return train_agg or {}
+    if run.secagg is not None:  # no individual update exists here: no round log, no contribution
+        # the job's strategy steps from the secure weighted mean (FedOpt: its pseudo-gradient)
+        arrays, _ = aggregate_mean(
+            run.strategy, rnd, run.arrays, secure, sum(m.num_examples for _, m in train.values())
+        )
+        if arrays is None or not all(np.isfinite(a).all() for a in _arrays(arrays)):
+            run.post_partial(rnd, sites_out)
+            raise NonFinite(f"round {rnd}: the aggregated model is not finite (NaN or infinity)")
+        run.arrays = arrays
+        return {"train-loss": _weighted_loss([m for _, m in train.values()])}
     player = {n: run.player_of[run.node_site[n]] for n in train}
     run.history.append(
         RoundLog(
@@ -1134,6 +1169,44 @@ def _train_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> dict:
         raise NonFinite(f"round {rnd}: the aggregated model is not finite (NaN or infinity)")
     run.arrays = arrays
     return train_agg or {}
+
+
+def _secure_train(run: _Run, rnd: int, sites_out: dict[str, dict]):
+    """Round step a of a SecAgg+ job (``frp_flwr.secagg.secure_train_round``): returns node →
+    (``None``, clear metrics) of the sites whose masked update is in the sum, and the new global
+    model; the others' entries in ``sites_out`` say why they are not. Raises ``JobFailed``."""
+    try:
+        outcome = secure_train_round(
+            run.grid,
+            params=run.secagg,
+            active=run.active,
+            arrays=run.arrays,
+            fit_config=fit_config(run.config),
+            rnd=rnd,
+            max_examples=run.max_rows,
+            timeout=run.cfg.round_timeout,
+            poll=run.cfg.poll_interval,
+            on_reply=REPLY_LOG.write,
+            check=lambda node, m, elapsed: (
+                run.train_check(run.node_site[node], m, elapsed) if run.train_check else ""
+            ),
+        )
+    except (SecAggError, ContractError) as exc:
+        run.post_partial(rnd, sites_out)
+        raise JobFailed(str(exc)) from None
+    for node, error in outcome.errors.items():
+        if node in run.node_site:
+            sites_out[run.node_site[node]].update(ok=False, error=sanitise(error))
+    if not all(np.isfinite(a).all() for a in _arrays(outcome.arrays)):
+        run.post_partial(rnd, sites_out)
+        raise NonFinite(f"round {rnd}: the aggregated model is not finite (NaN or infinity)")
+    return {n: (None, m) for n, m in outcome.replies.items()}, outcome.arrays
+
+
+def _weighted_loss(replies: list[TrainReply]) -> float | None:
+    """The train loss averaged over the sites, weighted by their examples (FedAvg's metric)."""
+    total = sum(m.num_examples for m in replies)
+    return sum(m.train_loss * m.num_examples for m in replies) / total if total else None
 
 
 def _evaluate_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> None:
@@ -1310,7 +1383,8 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter, *, store=None) -> No
         _round(run, rnd)
         _checkpoint(run, rnd)
     _finish(run)
-    if cfg.contribution and not run.is_trees:  # trees: data volume, at the portal (ADR 0023)
+    if cfg.contribution and not run.is_trees and run.secagg is None:
+        # trees: data volume, at the portal (ADR 0023); SecAgg+: no update to rebuild coalitions from
         _report_contribution(run)
 
 

@@ -79,6 +79,11 @@ STRATEGIES: dict[str, tuple[str, dict[str, tuple]]] = {
 DEFAULT_STRATEGY: dict[str, Any] = {"name": "fedavg"}
 #: Server-side optimisers (Reddi et al. 2021): their ``eta_l`` is the sites' learning rate.
 FEDOPT = ("fedadam", "fedyogi", "fedadagrad")
+#: The strategies that need only the example-weighted mean of the sites' updates, so run under
+#: secure aggregation (SecAgg+ gives the ServerApp that mean and nothing else): FedAvg, FedProx
+#: (its μ acts at the sites) and FedOpt (the mean minus the global model is its pseudo-gradient,
+#: Reddi et al. 2021, Alg. 2). The robust aggregators need each site's update.
+SECURE_SUM_STRATEGIES = ("fedavg", "fedprox", *FEDOPT)
 #: Labels for forms and pages.
 LABELS = {
     "fedavg": "FedAvg",
@@ -143,6 +148,21 @@ def krum_problem(spec: Mapping[str, Any], sites: int) -> str:
             f"(this job has {sites})."
         )
     return ""
+
+
+def secagg_problem(spec: Mapping[str, Any] | None) -> str:
+    """Why the strategy cannot run under secure aggregation (``""``: it can). SecAgg+ gives the
+    ServerApp only Σ n_i·w_i / Σ n_i; FedMedian, FedTrimmedAvg and Krum rank or select individual
+    updates, which a secure sum never reveals (:data:`SECURE_SUM_STRATEGIES` can)."""
+    name = dict(spec or DEFAULT_STRATEGY).get("name", "fedavg")
+    if name in SECURE_SUM_STRATEGIES:
+        return ""
+    label = LABELS.get(name, str(name))
+    return (
+        f"{label} needs each site's update, but secure aggregation gives the server only the "
+        "sites' weighted mean. Choose FedAvg, FedProx, FedAdam, FedYogi or FedAdagrad, or turn "
+        "secure aggregation off."
+    )
 
 
 def describe_strategy(spec: Mapping[str, Any]) -> str:
@@ -223,6 +243,20 @@ def aggregate_train(strategy, server_round: int, current, replies):
     if hasattr(inner, "current_arrays"):
         inner.current_arrays = {k: a.numpy() for k, a in current.items()}
     return strategy.aggregate_train(server_round, list(replies))
+
+
+def aggregate_mean(strategy, server_round: int, current, mean, num_examples: int):
+    """The strategy's step from the sites' securely aggregated weighted mean ``mean`` (an
+    ``ArrayRecord`` w̄ = Σ n_i·w_i / Σ n_i over ``num_examples`` = Σ n_i rows), as one train reply
+    to Flower's ``aggregate_train``: FedAvg/FedProx give w̄ back; FedOpt takes w̄ − ``current`` as
+    its pseudo-gradient (Reddi et al. 2021, Alg. 2: FedAvg's mean of the replies is exactly w̄).
+    Only :data:`SECURE_SUM_STRATEGIES` may be used: raises ``StrategySpecError`` for the others.
+    Returns Flower's ``(ArrayRecord | None, MetricRecord | None)``."""
+    name = next((n for n, (cls, _) in STRATEGIES.items() if cls == type(strategy).__name__), "")
+    if name not in SECURE_SUM_STRATEGIES:
+        raise StrategySpecError(secagg_problem({"name": name}) or "unknown strategy")
+    weights = [np.asarray(a, dtype=np.float64) for a in mean.to_numpy_ndarrays()]
+    return aggregate_train(strategy, server_round, current, [train_reply(weights, num_examples)])
 
 
 def train_reply(weights: list[np.ndarray], num_examples: int, *, node: int = 0):
