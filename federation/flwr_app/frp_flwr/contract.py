@@ -281,7 +281,7 @@ class FeaturePlan(_Record):
 def read_model_choice(value: Any, where: str = "model") -> dict:
     """A job's ``model`` object, complete (``frp_flwr.models.read_model_spec``). Raises
     ``ContractError`` naming the field."""
-    from frp_flwr.models import ModelSpecError, read_model_spec
+    from frp_flwr.choices import ModelSpecError, read_model_spec
 
     try:
         return read_model_spec(value, where)
@@ -292,7 +292,7 @@ def read_model_choice(value: Any, where: str = "model") -> dict:
 def read_strategy_choice(value: Any, where: str = "strategy") -> dict:
     """A job's ``strategy`` object, complete (``frp_flwr.strategies.read_strategy_spec``).
     Raises ``ContractError`` naming the field."""
-    from frp_flwr.strategies import StrategySpecError, read_strategy_spec
+    from frp_flwr.choices import StrategySpecError, read_strategy_spec
 
     try:
         return read_strategy_spec(value, where)
@@ -389,7 +389,7 @@ def _check_secagg(spec: JobSpec) -> None:
     n = len(spec.sites)
     if n < 2:
         raise ContractError("job-spec.privacy.secagg: secure aggregation needs 2 or more sites")
-    from frp_flwr.strategies import secagg_problem
+    from frp_flwr.choices import secagg_problem
 
     problem = secagg_problem(spec.strategy)
     if problem:

@@ -30,116 +30,20 @@ from typing import Any
 
 import numpy as np
 
-#: The model kinds a job may name (another kind may be registered beside these).
-MODEL_KINDS = ("linear", "mlp", "xgboost")
-#: Kinds trained as trees (``frp_flwr.trees``), not as weights by SGD.
-TREE_KINDS = ("xgboost",)
-#: An old job spec without ``model`` trains this.
-DEFAULT_MODEL: dict[str, Any] = {"kind": "linear"}
-ACTIVATIONS = ("relu", "tanh")
-#: Bounds of the MLP's hyper-parameters (the form and the contract share them).
-MAX_HIDDEN_LAYERS = 4
-MAX_HIDDEN_UNITS = 1024
-MLP_DEFAULTS: dict[str, Any] = {"hidden": [32], "activation": "relu", "dropout": 0.0, "l2": 1e-4}
-
-#: XGBoost's hyper-parameters a job may set (``frp_flwr.trees``): name → (type, default, lo, hi).
-#: ``local_rounds``: boosting rounds each site adds per federated round (every one of its trees is
-#: bagged into the global booster); ``eta``: learning rate (shrinkage); ``subsample`` and
-#: ``colsample_bytree``: the share of rows / columns each tree samples; ``min_child_weight``: the
-#: least Hessian sum in a leaf; ``reg_lambda``: L2 penalty on leaf weights. XGBoost's meanings:
-#: https://xgboost.readthedocs.io/en/stable/parameter.html
-XGBOOST_PARAMS: dict[str, tuple[type, float, float, float]] = {
-    "local_rounds": (int, 1, 1, 50),
-    "max_depth": (int, 6, 1, 12),
-    "eta": (float, 0.3, 1e-4, 1.0),
-    "subsample": (float, 1.0, 0.05, 1.0),
-    "colsample_bytree": (float, 1.0, 0.05, 1.0),
-    "min_child_weight": (float, 1.0, 0.0, 1e6),
-    "reg_lambda": (float, 1.0, 0.0, 1e6),
-}
-
-
-class ModelSpecError(ValueError):
-    """A model spec that does not fit :func:`read_model_spec` (message names the field)."""
-
-
-def _number(value: Any, where: str, lo: float, hi: float, *, lo_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ModelSpecError(f"{where}: expected a finite number")
-    if value < lo or value > hi or (lo_open and value == lo):
-        bracket = "(" if lo_open else "["
-        raise ModelSpecError(f"{where}: {value!r} is outside {bracket}{lo:g}, {hi:g}]")
-    return float(value)
-
-
-def read_model_spec(raw: Any, where: str = "model") -> dict[str, Any]:
-    """Validate a model spec and return it complete (every hyper-parameter, defaults filled in).
-
-    ``raw``: ``{"kind": "linear"}`` or ``{"kind": "mlp", "hidden": [int, …] (1–4 layers of
-    1–1024 units), "activation": "relu"|"tanh", "dropout": float in [0, 0.9], "l2": float in
-    [0, 1]}`` (absent keys take :data:`MLP_DEFAULTS`) or ``{"kind": "xgboost", …}`` with the
-    hyper-parameters of :data:`XGBOOST_PARAMS`, each of its type and in its range (absent keys
-    take their defaults). Raises :class:`ModelSpecError` (a ``ValueError``) naming the field on
-    an unknown kind, key or a value out of range.
-    """
-    if not isinstance(raw, Mapping):
-        raise ModelSpecError(f"{where}: expected an object")
-    kind = raw.get("kind", "linear")
-    if kind not in MODEL_KINDS:
-        raise ModelSpecError(f"{where}.kind: {str(kind)[:40]!r} is not one of {MODEL_KINDS}")
-    if kind == "linear":
-        unknown = sorted(set(raw) - {"kind"})
-        if unknown:
-            raise ModelSpecError(f"{where}: unknown field(s) {unknown} for a linear model")
-        return {"kind": "linear"}
-    if kind == "xgboost":
-        return _read_xgboost(raw, where)
-    unknown = sorted(set(raw) - {"kind", *MLP_DEFAULTS})
-    if unknown:
-        raise ModelSpecError(f"{where}: unknown field(s) {unknown} for an mlp")
-    out = {"kind": "mlp", **MLP_DEFAULTS, **{k: v for k, v in raw.items() if k != "kind"}}
-    hidden = out["hidden"]
-    if not isinstance(hidden, list | tuple) or not 1 <= len(hidden) <= MAX_HIDDEN_LAYERS:
-        raise ModelSpecError(f"{where}.hidden: 1 to {MAX_HIDDEN_LAYERS} layer widths")
-    for i, h in enumerate(hidden):
-        if isinstance(h, bool) or not isinstance(h, int) or not 1 <= h <= MAX_HIDDEN_UNITS:
-            raise ModelSpecError(f"{where}.hidden[{i}]: a width from 1 to {MAX_HIDDEN_UNITS}")
-    out["hidden"] = [int(h) for h in hidden]
-    if out["activation"] not in ACTIVATIONS:
-        raise ModelSpecError(f"{where}.activation: one of {', '.join(ACTIVATIONS)}")
-    out["dropout"] = _number(out["dropout"], f"{where}.dropout", 0.0, 0.9)
-    out["l2"] = _number(out["l2"], f"{where}.l2", 0.0, 1.0)
-    return out
-
-
-def _read_xgboost(raw: Mapping, where: str) -> dict[str, Any]:
-    unknown = sorted(set(raw) - set(XGBOOST_PARAMS) - {"kind"})
-    if unknown:
-        raise ModelSpecError(
-            f"{where}: unknown xgboost parameter(s) {', '.join(map(repr, unknown))}"
-        )
-    out: dict[str, Any] = {"kind": "xgboost"}
-    for name, (kind_of, default, lo, hi) in XGBOOST_PARAMS.items():
-        w = f"{where}.{name}"
-        if name not in raw:
-            out[name] = default
-            continue
-        value = raw[name]
-        if kind_of is int:
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ModelSpecError(f"{w}: expected an integer")
-            if not lo <= value <= hi:
-                raise ModelSpecError(f"{w}: {value} is outside {int(lo)}..{int(hi)}")
-            out[name] = int(value)
-        else:
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ModelSpecError(f"{w}: expected a number")
-            if not math.isfinite(value):
-                raise ModelSpecError(f"{w}: {value} is not a finite number")
-            if not lo <= value <= hi:
-                raise ModelSpecError(f"{w}: {float(value)} is outside {lo:g}..{hi:g}")
-            out[name] = float(value)
-    return out
+from frp_flwr.choices import (  # noqa: F401 — the registry's tables, validated in one place
+    ACTIVATIONS,
+    DEFAULT_MODEL,
+    MAX_HIDDEN_LAYERS,
+    MAX_HIDDEN_UNITS,
+    MLP_DEFAULTS,
+    MODEL_KINDS,
+    TREE_KINDS,
+    XGBOOST_PARAMS,
+    ModelSpecError,
+    _number,
+    _read_xgboost,
+    read_model_spec,
+)
 
 
 def describe_model(spec: Mapping[str, Any], *, task: str = "classification") -> str:

@@ -33,136 +33,22 @@ This module imports no Flower at import time (the ClientApp and the portal read 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-#: name → (Flower class name, {param: (type, default, lo, hi, lo_open, hi_open)}). Defaults are
-#: Flower 1.42's, except ``fedprox.mu`` (Flower's 0.0 is plain FedAvg; 0.01 is Li et al.'s grid).
-STRATEGIES: dict[str, tuple[str, dict[str, tuple]]] = {
-    "fedavg": ("FedAvg", {}),
-    "fedprox": ("FedProx", {"mu": (float, 0.01, 0.0, 100.0, False, False)}),
-    "fedadam": (
-        "FedAdam",
-        {
-            "eta": (float, 0.1, 0.0, 10.0, True, False),
-            "eta_l": (float, 0.1, 0.0, 10.0, True, False),
-            "tau": (float, 1e-3, 0.0, 1.0, True, False),
-            "beta_1": (float, 0.9, 0.0, 1.0, False, True),
-            "beta_2": (float, 0.99, 0.0, 1.0, False, True),
-        },
-    ),
-    "fedyogi": (
-        "FedYogi",
-        {
-            "eta": (float, 0.01, 0.0, 10.0, True, False),
-            "eta_l": (float, 0.0316, 0.0, 10.0, True, False),
-            "tau": (float, 1e-3, 0.0, 1.0, True, False),
-            "beta_1": (float, 0.9, 0.0, 1.0, False, True),
-            "beta_2": (float, 0.99, 0.0, 1.0, False, True),
-        },
-    ),
-    "fedadagrad": (
-        "FedAdagrad",
-        {
-            "eta": (float, 0.1, 0.0, 10.0, True, False),
-            "eta_l": (float, 0.1, 0.0, 10.0, True, False),
-            "tau": (float, 1e-3, 0.0, 1.0, True, False),
-        },
-    ),
-    "fedmedian": ("FedMedian", {}),
-    "fedtrimmedavg": ("FedTrimmedAvg", {"beta": (float, 0.2, 0.0, 0.5, False, True)}),
-    "krum": ("Krum", {"num_malicious_nodes": (int, 0, 0, 1000, False, False)}),
-}
-DEFAULT_STRATEGY: dict[str, Any] = {"name": "fedavg"}
-#: Server-side optimisers (Reddi et al. 2021): their ``eta_l`` is the sites' learning rate.
-FEDOPT = ("fedadam", "fedyogi", "fedadagrad")
-#: The strategies that need only the example-weighted mean of the sites' updates, so run under
-#: secure aggregation (SecAgg+ gives the ServerApp that mean and nothing else): FedAvg, FedProx
-#: (its μ acts at the sites) and FedOpt (the mean minus the global model is its pseudo-gradient,
-#: Reddi et al. 2021, Alg. 2). The robust aggregators need each site's update.
-SECURE_SUM_STRATEGIES = ("fedavg", "fedprox", *FEDOPT)
-#: Labels for forms and pages.
-LABELS = {
-    "fedavg": "FedAvg",
-    "fedprox": "FedProx",
-    "fedadam": "FedAdam",
-    "fedyogi": "FedYogi",
-    "fedadagrad": "FedAdagrad",
-    "fedmedian": "FedMedian",
-    "fedtrimmedavg": "FedTrimmedAvg",
-    "krum": "Krum",
-}
-
-
-class StrategySpecError(ValueError):
-    """A strategy spec that does not fit :func:`read_strategy_spec` (message names the field)."""
-
-
-def read_strategy_spec(raw: Any, where: str = "strategy") -> dict[str, Any]:
-    """Validate a strategy spec and return it complete (every parameter, Flower's defaults
-    filled in). Ranges: ``mu`` ∈ [0, 100]; ``eta``, ``eta_l`` ∈ (0, 10]; ``tau`` ∈ (0, 1];
-    ``beta_1``, ``beta_2`` ∈ [0, 1); ``beta`` ∈ [0, 0.5); ``num_malicious_nodes`` an integer
-    ≥ 0 (``krum_problem`` checks it against the number of sites). Raises
-    :class:`StrategySpecError` (a ``ValueError``) naming the field."""
-    if not isinstance(raw, Mapping):
-        raise StrategySpecError(f"{where}: expected an object")
-    name = raw.get("name", "fedavg")
-    if name not in STRATEGIES:
-        raise StrategySpecError(
-            f"{where}.name: {str(name)[:40]!r} is not one of {', '.join(STRATEGIES)}"
-        )
-    params = STRATEGIES[name][1]
-    unknown = sorted(set(raw) - {"name", *params})
-    if unknown:
-        raise StrategySpecError(f"{where}: unknown field(s) {unknown} for {name}")
-    out: dict[str, Any] = {"name": name}
-    for key, (kind, default, lo, hi, lo_open, hi_open) in params.items():
-        value = raw.get(key, default)
-        w = f"{where}.{key}"
-        if kind is int:
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise StrategySpecError(f"{w}: expected an integer")
-        elif isinstance(value, bool) or not isinstance(value, int | float):
-            raise StrategySpecError(f"{w}: expected a number")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise StrategySpecError(f"{w}: expected a finite number")
-        if value < lo or value > hi or (lo_open and value == lo) or (hi_open and value == hi):
-            left, right = "(" if lo_open else "[", ")" if hi_open else "]"
-            raise StrategySpecError(f"{w}: {value!r} is outside {left}{lo:g}, {hi:g}{right}")
-        out[key] = kind(value)
-    return out
-
-
-def krum_problem(spec: Mapping[str, Any], sites: int) -> str:
-    """Why Krum cannot tolerate ``num_malicious_nodes`` faulty sites among ``sites`` (``""``: it
-    can). Blanchard et al. 2017 (Prop. 1) need ``n > 2f + 2``."""
-    if spec.get("name") != "krum":
-        return ""
-    f = int(spec.get("num_malicious_nodes", 0))
-    if sites <= 2 * f + 2:
-        return (
-            f"Krum tolerates {f} faulty site(s) only with more than {2 * f + 2} sites "
-            f"(this job has {sites})."
-        )
-    return ""
-
-
-def secagg_problem(spec: Mapping[str, Any] | None) -> str:
-    """Why the strategy cannot run under secure aggregation (``""``: it can). SecAgg+ gives the
-    ServerApp only Σ n_i·w_i / Σ n_i; FedMedian, FedTrimmedAvg and Krum rank or select individual
-    updates, which a secure sum never reveals (:data:`SECURE_SUM_STRATEGIES` can)."""
-    name = dict(spec or DEFAULT_STRATEGY).get("name", "fedavg")
-    if name in SECURE_SUM_STRATEGIES:
-        return ""
-    label = LABELS.get(name, str(name))
-    return (
-        f"{label} needs each site's update, but secure aggregation gives the server only the "
-        "sites' weighted mean. Choose FedAvg, FedProx, FedAdam, FedYogi or FedAdagrad, or turn "
-        "secure aggregation off."
-    )
+from frp_flwr.choices import (  # noqa: F401 — the strategy tables, validated in one place
+    DEFAULT_STRATEGY,
+    FEDOPT,
+    LABELS,
+    SECURE_SUM_STRATEGIES,
+    STRATEGIES,
+    StrategySpecError,
+    krum_problem,
+    read_strategy_spec,
+    secagg_problem,
+)
 
 
 def describe_strategy(spec: Mapping[str, Any]) -> str:
