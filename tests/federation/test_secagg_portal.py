@@ -147,3 +147,14 @@ def test_job_form_submits_secure_aggregation_with_fedadam_and_the_mlp(
     spec = contract.JobSpec.from_json(services.job_run_config(job).job_spec)
     assert spec.privacy.secagg is True
     assert spec.strategy["name"] == "fedadam" and spec.model["kind"] == "mlp"
+
+
+def test_job_form_refuses_secure_aggregation_with_gradient_boosted_trees(
+    client, world, fake_superlink
+):
+    """SecAgg+ sums weight vectors; trees send trees: refused inline, no job created."""
+    client.force_login(world["pi"])
+    response = client.post("/jobs/new/", _secure_form(world, model_kind="xgboost"))
+    assert response.status_code == 200
+    assert "cannot be aggregated securely" in response.content.decode()
+    assert not services.FederatedJob.objects.filter(title="secure-strategy").exists()
