@@ -26,7 +26,8 @@ def _snake(name: str) -> str:
 def split_breast_cancer(
     sites: tuple[str, ...] = SITES, *, seed: int = 7
 ) -> dict[str, tuple[list[str], np.ndarray, np.ndarray]]:
-    """Return site → ``(feature_names, X (n, 30) float64, y (n,) str)`` with the label skew above."""
+    """Return site → ``(feature_names, X (n, 30) float64, y (n,) str)`` with the label skew above
+    (more than three sites: each class split in equal shares). Every row goes to one site."""
     from sklearn.datasets import load_breast_cancer
 
     data = load_breast_cancer()
@@ -36,6 +37,8 @@ def split_breast_cancer(
     parts: dict[str, list[np.ndarray]] = {s: [] for s in sites}
     for label, shares in (("malignant", MALIGNANT_SHARE), ("benign", BENIGN_SHARE)):
         idx = rng.permutation(np.flatnonzero(labels == label))
+        if len(sites) > len(shares):  # more sites than the demo's three: equal shares
+            shares = (1 / len(sites),) * len(sites)
         cuts = np.cumsum(np.round(np.array(shares[: len(sites)]) * len(idx)).astype(int))[:-1]
         for site, chunk in zip(sites, np.split(idx, cuts), strict=True):
             parts[site].append(chunk)
