@@ -14,6 +14,21 @@ from portal.selectors import projects_for_user
 from sandbox.selectors import stewarded_institution_ids, usable_versions
 
 
+def _xgb_field(name: str, label: str, help_text: str) -> forms.Field:
+    """The form field of XGBoost hyper-parameter ``name``: its type, default and range are
+    ``frp_flwr.models.XGBOOST_PARAMS``'s (the contract checks the same table)."""
+    kind, default, lo, hi = XGBOOST_PARAMS[name]
+    field = forms.IntegerField if kind is int else forms.FloatField
+    return field(
+        min_value=lo,
+        max_value=hi,
+        initial=default,
+        required=False,
+        label=label,
+        help_text=help_text,
+    )
+
+
 class DatasetChoiceField(forms.ModelMultipleChoiceField):
     """Datasets by title, version and site; rows under the profile's disclosure rule unless the
     user is a steward of the dataset's institution (``exact_for``: institution ids)."""
@@ -113,63 +128,42 @@ class JobSubmitForm(forms.Form):
         initial=0.0,
         help_text="Share of hidden units dropped at random while training (0 to 0.9); 0: none.",
     )
-    # XGBoost's hyper-parameters (frp_flwr.models.XGBOOST_PARAMS has the same ranges).
-    xgb_local_rounds = forms.IntegerField(
-        min_value=1,
-        max_value=50,
-        initial=1,
-        required=False,
-        label="Local boosting rounds",
-        help_text="Trees each site adds per round (so a job grows rounds × sites × this many).",
+    # XGBoost's hyper-parameters: type, default and range from frp_flwr.models.XGBOOST_PARAMS.
+    xgb_local_rounds = _xgb_field(
+        "local_rounds",
+        "Local boosting rounds",
+        "Trees each site adds per round (so a job grows rounds × sites × this many).",
     )
-    xgb_max_depth = forms.IntegerField(
-        min_value=1,
-        max_value=12,
-        initial=6,
-        required=False,
-        label="Max depth",
-        help_text="Deepest split of a tree; deeper trees fit more, and overfit sooner.",
+    xgb_max_depth = _xgb_field(
+        "max_depth",
+        "Max depth",
+        "Deepest split of a tree; deeper trees fit more, and overfit sooner.",
     )
-    xgb_eta = forms.FloatField(
-        min_value=1e-4,
-        max_value=1.0,
-        initial=0.3,
-        required=False,
-        label="Learning rate (eta)",
-        help_text="Shrinkage of each tree's output; with several sites adding trees each round, "
+    xgb_eta = _xgb_field(
+        "eta",
+        "Learning rate (eta)",
+        "Shrinkage of each tree's output; with several sites adding trees each round, "
         "a smaller eta (0.1) keeps their sum from overshooting.",
     )
-    xgb_subsample = forms.FloatField(
-        min_value=0.05,
-        max_value=1.0,
-        initial=1.0,
-        required=False,
-        label="Row subsample",
-        help_text="Share of a site's rows each tree is grown on.",
+    xgb_subsample = _xgb_field(
+        "subsample",
+        "Row subsample",
+        "Share of a site's rows each tree is grown on.",
     )
-    xgb_colsample_bytree = forms.FloatField(
-        min_value=0.05,
-        max_value=1.0,
-        initial=1.0,
-        required=False,
-        label="Column subsample",
-        help_text="Share of the features each tree may split on.",
+    xgb_colsample_bytree = _xgb_field(
+        "colsample_bytree",
+        "Column subsample",
+        "Share of the features each tree may split on.",
     )
-    xgb_min_child_weight = forms.FloatField(
-        min_value=0.0,
-        max_value=1e6,
-        initial=1.0,
-        required=False,
-        label="Min child weight",
-        help_text="Least Hessian sum in a leaf (about the rows in it, for squared error).",
+    xgb_min_child_weight = _xgb_field(
+        "min_child_weight",
+        "Min child weight",
+        "Least Hessian sum in a leaf (about the rows in it, for squared error).",
     )
-    xgb_reg_lambda = forms.FloatField(
-        min_value=0.0,
-        max_value=1e6,
-        initial=1.0,
-        required=False,
-        label="L2 penalty (lambda)",
-        help_text="L2 regularisation of the leaf weights.",
+    xgb_reg_lambda = _xgb_field(
+        "reg_lambda",
+        "L2 penalty (lambda)",
+        "L2 regularisation of the leaf weights.",
     )
 
     strategy_name = forms.ChoiceField(
