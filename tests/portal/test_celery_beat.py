@@ -65,6 +65,7 @@ def test_embedded_beat_ends_when_its_worker_is_killed(tmp_path):
         worker.wait(timeout=30)
 
         wait_for(lambda: not alive(beat), timeout=60, what="the beat child to end")
+        assert worker.returncode == -signal.SIGKILL and not alive(beat)
     finally:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(worker.pid, signal.SIGKILL)  # the worker's group: beat too, if it lived on
