@@ -187,8 +187,27 @@ def test_client_settings_give_fedprox_mu_and_fedopt_eta_l():
 def test_describe_strategy_names_the_parameters():
     spec = strategies.read_strategy_spec({"name": "fedtrimmedavg", "beta": 0.1})
 
-    assert strategies.describe_strategy(spec) == "FedTrimmedAvg (beta 0.1)"
+    assert strategies.describe_strategy(spec) == "FedTrimmedAvg (β = 0.1 cut per tail)"
     assert strategies.describe_strategy({"name": "fedavg"}) == "FedAvg"
+
+
+def test_describe_strategy_words_and_symbols_for_fedprox_fedadam_krum():
+    fedadam = strategies.read_strategy_spec({"name": "fedadam", "eta": 0.01, "tau": 1e-9})
+    krum = strategies.read_strategy_spec({"name": "krum", "num_malicious_nodes": 1})
+
+    assert strategies.describe_strategy({"name": "fedprox", "mu": 0.1}) == "FedProx (μ = 0.1)"
+    assert strategies.describe_strategy(fedadam) == (
+        "FedAdam (server learning rate 0.01, site learning rate 0.1, τ = 1e-9, β₁ = 0.9, β₂ = 0.99)"
+    )
+    assert strategies.describe_strategy(krum) == "Krum (f = 1 faulty sites tolerated)"
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(0.1, "0.1"), (1e-9, "1e-9"), (1e-05, "1e-5"), (2.5e20, "2.5e20"), (3, "3"), (0.0, "0")],
+)
+def test_number_text_is_the_shortest_form_without_exponent_padding(value, text):
+    assert strategies.number_text(value) == text
 
 
 # ---------------------------------------------------------------------------------------------

@@ -202,10 +202,10 @@ def test_every_site_received_the_model_and_the_strategy_in_the_run_config(outcom
 def test_the_job_page_and_credit_statement_name_model_strategy_and_contribution_method(outcome):
     page = outcome["job_page"]
     assert "Multilayer perceptron (hidden 16, relu" in page
-    assert "FedProx (mu 0.01)" in page
+    assert "FedProx (μ = 0.01)" in page
     assert "Coalition models rebuilt from the logged updates by FedProx" in page
     credit = outcome["credit_page"]
-    assert "multilayer perceptron (hidden 16, relu" in credit and "FedProx (mu 0.01)" in credit
+    assert "multilayer perceptron (hidden 16, relu" in credit and "FedProx (μ = 0.01)" in credit
 
 
 def test_the_contribution_was_measured_for_the_mlp(outcome):

@@ -180,6 +180,32 @@ LABELS = {
     "fedtrimmedavg": "FedTrimmedAvg",
     "krum": "Krum",
 }
+#: How pages and exports name a strategy's parameters (``describe_strategy``; ``{}`` is the
+#: value): words where the role is plain (FedOpt's η is the server's learning rate, η_l the
+#: sites'), else the papers' symbols.
+PARAM_LABELS = {
+    "mu": "μ = {}",
+    "eta": "server learning rate {}",
+    "eta_l": "site learning rate {}",
+    "tau": "τ = {}",
+    "beta_1": "β₁ = {}",
+    "beta_2": "β₂ = {}",
+    "beta": "β = {} cut per tail",
+    "num_malicious_nodes": "f = {} faulty sites tolerated",
+}
+
+
+def number_text(value: float | int) -> str:
+    """A parameter's value as pages print it: the shortest ``%g`` form, exponents without
+    padding (``0.1 -> "0.1"``, ``1e-09 -> "1e-9"``, ``3 -> "3"``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    text = f"{value:g}"
+    mantissa, e, exponent = text.partition("e")
+    if not e:
+        return text
+    sign = exponent[0] if exponent[0] in "+-" else ""
+    return f"{mantissa}e{'-' if sign == '-' else ''}{exponent.lstrip('+-').lstrip('0') or '0'}"
 
 
 class StrategySpecError(ValueError):

@@ -42,23 +42,34 @@ from frp_flwr.choices import (  # noqa: F401 — the strategy tables, validated 
     DEFAULT_STRATEGY,
     FEDOPT,
     LABELS,
+    PARAM_LABELS,
     SECURE_SUM_STRATEGIES,
     STRATEGIES,
     StrategySpecError,
     krum_problem,
+    number_text,
     read_strategy_spec,
     secagg_problem,
 )
 
 
-def describe_strategy(spec: Mapping[str, Any]) -> str:
-    """The strategy and its parameters in one line, e.g. ``FedAdam (eta 0.1, eta_l 0.1, …)``."""
+def strategy_params(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The strategy's parameters in ``spec`` (without ``name``), in the table's order."""
     name = spec.get("name", "fedavg")
-    params = [(k, spec[k]) for k in STRATEGIES.get(name, ("", {}))[1] if k in spec]
+    return {k: spec[k] for k in STRATEGIES.get(name, ("", {}))[1] if k in spec}
+
+
+def describe_strategy(spec: Mapping[str, Any]) -> str:
+    """The strategy and its parameters in one line, for the job page and the credit statement:
+    ``"FedAvg"``, ``"FedProx (μ = 0.1)"``, ``"FedAdam (server learning rate 0.01, site learning
+    rate 0.1, τ = 1e-9, β₁ = 0.9, β₂ = 0.99)"`` (labels: :data:`PARAM_LABELS`)."""
+    name = spec.get("name", "fedavg")
+    params = strategy_params(spec)
     label = LABELS.get(name, str(name))
     if not params:
         return label
-    return f"{label} ({', '.join(f'{k} {v:g}' for k, v in params)})"
+    words = (PARAM_LABELS.get(k, k + " {}").format(number_text(v)) for k, v in params.items())
+    return f"{label} ({', '.join(words)})"
 
 
 def client_settings(spec: Mapping[str, Any] | None, learning_rate: float) -> tuple[float, float]:
