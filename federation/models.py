@@ -458,19 +458,31 @@ class FederatedJob(models.Model):
 
     @property
     def model_description(self) -> str:
-        """The model and its hyper-parameters in one line (``frp_flwr.models.describe_model``)."""
-        from frp_flwr.models import describe_model
+        """The model and its hyper-parameters in one line (``federation.method.model_text``)."""
+        from federation.method import model_text
 
-        return describe_model(self.model_spec or {"kind": "linear"}, task=self.task)
+        return model_text(self)
 
     @property
     def strategy_description(self) -> str:
-        """The strategy and its parameters in one line (``strategies.describe_strategy``)."""
-        from frp_flwr.strategies import describe_strategy
+        """The strategy and its parameters in one line (``federation.method.strategy_text``)."""
+        from federation.method import strategy_text
 
-        if self.is_trees:
-            return "FedXgbBagging (every site's new trees appended each round)"
-        return describe_strategy(self.strategy_spec or {"name": "fedavg"})
+        return strategy_text(self)
+
+    @property
+    def dp_description(self) -> str:
+        """``"server-side fixed clipping"``, ``""`` without dp (``federation.method.dp_text``)."""
+        from federation.method import dp_text
+
+        return dp_text(self)
+
+    @property
+    def epsilon_description(self) -> str:
+        """``"ε = 2.91 at δ = 1e-5"``, ``""`` without dp (``federation.method.epsilon_text``)."""
+        from federation.method import delta, dp_on, epsilon_text
+
+        return epsilon_text(self.epsilon, delta(self)) if dp_on(self) else ""
 
     @property
     def contribution_reconstruction(self) -> str:
