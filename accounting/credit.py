@@ -2,7 +2,9 @@
 
 Pure Python, no Django: the role list (name, slug, the standard's term URI and definition), role
 validation, the percentage format, the paper paragraph ("Conceptualization: A, B. Data curation:
-Hospital A (42 %), …") and the JSON document of a statement. ``accounting.services.credit`` stores
+Hospital A (42 %), …"), the lines saying how the job was trained and credited (model, strategy,
+ε, SecAgg+, contribution method; the wording is ``federation.method``'s), and the JSON document
+and text export of a statement. ``accounting.services.credit`` stores
 statements; this module only describes and renders them.
 
 Source: ANSI/NISO Z39.104-2022, *CRediT, Contributor Roles Taxonomy* (approved 2022-01-14), and its
@@ -13,9 +15,11 @@ term pages ``https://credit.niso.org/contributor-roles/<slug>/``. Names keep the
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
+
+from federation.method import SECAGG_LABEL
 
 STANDARD = "ANSI/NISO Z39.104-2022"
 URI_BASE = "https://credit.niso.org/contributor-roles/"
@@ -247,8 +251,52 @@ def contribution_paragraph(contributors: Sequence[Contributor], *, note: bool = 
     return " ".join(sentences)
 
 
+def method_lines(method: Mapping | None) -> list[tuple[str, str]]:
+    """How the job was trained and credited, as ``(label, text)`` lines for the statement page
+    and its text export, from a method document (``federation.method.method_document`` plus
+    ``"contribution"``, see :func:`statement_document`); ``[]`` for ``None``.
+
+    Labels, in order: Model, Strategy, Training, Differential privacy, Secure aggregation,
+    Contribution method (the last only when the document has one). Example lines::
+
+        ("Strategy", "FedProx (μ = 0.1)")
+        ("Differential privacy", "ε = 2.91 at δ = 1e-5, server-side fixed clipping")  # or "off"
+        ("Secure aggregation", "SecAgg+")                                             # or "off"
+    """
+    if not method:
+        return []
+    privacy = method.get("privacy")
+    lines = [
+        ("Model", method["model"]["description"]),
+        ("Strategy", method["strategy"]["description"]),
+        ("Training", method["training"]["description"]),
+        ("Differential privacy", privacy["description"] if privacy else "off"),
+        ("Secure aggregation", SECAGG_LABEL if method.get("secure_aggregation") else "off"),
+    ]
+    contribution = method.get("contribution")
+    if contribution:
+        lines.append(("Contribution method", contribution["description"]))
+    return lines
+
+
+def statement_text(paragraph: str, method: Mapping | None) -> str:
+    """The text export: the paper paragraph, a blank line, then one ``"Label: text"`` line per
+    :func:`method_lines` entry (ends with a newline; only the paragraph when ``method`` is
+    ``None``)."""
+    lines = [paragraph]
+    method_text = [f"{label}: {text}" for label, text in method_lines(method)]
+    if method_text:
+        lines += ["", *method_text]
+    return "\n".join(lines) + "\n"
+
+
 def statement_document(
-    *, job: dict, project: dict, contributors: Sequence[Contributor], **meta
+    *,
+    job: dict,
+    project: dict,
+    contributors: Sequence[Contributor],
+    method: Mapping | None = None,
+    **meta,
 ) -> dict:
     """The JSON document of a statement (schema ``frp-credit/1``).
 
@@ -256,11 +304,27 @@ def statement_document(
 
         {"schema": "frp-credit/1", "standard": "ANSI/NISO Z39.104-2022",
          "job": {...as given: id, title, status}, "project": {...as given: slug, title},
+         "method": {...as given, or None: model, strategy, training, privacy,
+                    secure_aggregation, contribution — see below},
          **meta (e.g. edited, edited_by, updated_at),
          "contributors": [{"position": 1, "name": str, "kind": "person"|"institution",
                            "roles": [{"slug", "name", "uri"}, ...],   # the standard's order
                            "share": float in [0, 1] | None, "share_method": str | None}],
          "share_note": str, "paragraph": str}
+
+    ``method`` (``federation.method.method_document`` with the contribution basis)::
+
+        {"task": str,
+         "model": {"kind": str, "params": {...}, "description": str},
+         "strategy": {"name": str, "params": {...}, "description": str},
+         "training": {"rounds": int, "local_epochs": int | None, "learning_rate": float | None,
+                      "description": str},
+         "privacy": {"mode": "server" | "client", "epsilon": float, "delta": float,
+                     "noise_multiplier": float, "clipping_norm": float,
+                     "description": str} | None,
+         "secure_aggregation": bool,
+         "contribution": {"method": "exact" | "gtg" | "data_volume", "measured": bool,
+                          "reason": str, "description": str}}
 
     ``position`` counts from 1 in the given order. Raises ``UnknownRole`` on an unknown slug.
     """
@@ -269,6 +333,7 @@ def statement_document(
         "standard": STANDARD,
         "job": job,
         "project": project,
+        "method": dict(method) if method is not None else None,
         **meta,
         "contributors": [
             {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from django.db.models import Q
 
@@ -18,8 +19,10 @@ from accounting.models import (
     CreditStatement,
     ShareMethod,
 )
-from accounting.selectors.contribution import whole_run_shares
+from accounting.selectors.contribution import VOLUME_REASONS, volume_basis, whole_run_shares
+from federation.method import method_document
 from federation.models import FederatedJob, JobSite
+from frp_flwr.coalitions import EXACT_MAX_SITES
 from portal.models import ProjectMember, ProjectRole
 from portal.selectors import administered_institutions
 
@@ -128,6 +131,23 @@ class CreditView:
             return "preview"
         return "edited" if self.is_edited else "draft"
 
+    @cached_property
+    def method(self) -> dict:
+        """How the job was trained and credited (``federation.method.method_document`` with
+        ``"contribution"``: :func:`contribution_basis`); read from the job's spec, which does not
+        change after submission, so a stored statement and its exports always agree with it."""
+        return {**method_document(self.job), "contribution": contribution_basis(job=self.job)}
+
+    @property
+    def method_lines(self) -> list[tuple[str, str]]:
+        """``(label, text)`` lines of :attr:`method` (``credit.method_lines``)."""
+        return credit.method_lines(self.method)
+
+    @property
+    def text(self) -> str:
+        """The text export: the paragraph, then the method lines (``credit.statement_text``)."""
+        return credit.statement_text(self.paragraph, self.method)
+
     def document(self) -> dict:
         """The JSON export (``credit.statement_document``, schema ``frp-credit/1``)."""
         statement = self.statement
@@ -136,6 +156,7 @@ class CreditView:
             job={"id": self.job.pk, "title": self.job.title, "status": self.job.status},
             project={"slug": self.job.project.slug, "title": self.job.project.title},
             contributors=self.contributors,
+            method=self.method,
             state=self.state,
             edited_by=person_name(editor) if editor is not None else None,
             edited_at=statement.edited_at.isoformat()
@@ -239,6 +260,62 @@ def credit_draft_lines(*, job) -> list[CreditLine]:
         key=lambda line: (line.share is None, -(line.share or 0.0), line.name, line.institution_id)
     )
     return lines + inst_lines
+
+
+# ---------------------------------------------------------------------------------------------
+# How the shares were measured
+# ---------------------------------------------------------------------------------------------
+
+#: The contribution methods of a statement's shares, as its method line names them.
+BASIS_NAMES = {
+    "exact": "exact Shapley value over the whole run",
+    "gtg": "GTG-Shapley value over the whole run (Liu et al. 2022)",
+    "data_volume": "data volume (training examples)",
+}
+
+
+def contribution_basis(*, job) -> dict:
+    """Which contribution method the job's shares come from, and why.
+
+    ``{"method": "exact" | "gtg" | "data_volume", "measured": bool, "reason": str,
+    "description": str}``. ``method`` is the one the whole-run scores were measured by
+    (``whole_run_shares``; ``measured`` true), else the one the job will get
+    (``accounting.services.contribution``: data volume under secure aggregation or for bagged
+    trees, exact Shapley for up to ``EXACT_MAX_SITES`` sites, GTG-Shapley above).
+    ``reason``: ``"secure_aggregation"`` or ``"tree_bagging"`` (keys of ``VOLUME_REASONS``),
+    ``"all_coalitions"`` (exact) or ``"many_sites"`` (GTG). ``description`` is the sentence the
+    statement shows. One query when measured, two otherwise.
+    """
+    measured, shares = whole_run_shares(job=job)
+    hidden = volume_basis(job) or ("secure_aggregation" if job.secure_aggregation else "")
+    sites = len(shares) if measured else JobSite.objects.filter(job=job).count()
+    method = measured or (
+        "data_volume" if hidden else "exact" if sites <= EXACT_MAX_SITES else "gtg"
+    )
+    rebuilt = "each coalition's model could be rebuilt from the sites' logged updates"
+    if method == "data_volume":
+        reason = hidden
+        why = VOLUME_REASONS.get(hidden, "")
+    elif method == "exact":
+        reason = "all_coalitions"
+        why = (
+            f"{rebuilt} and {sites} sites (at most {EXACT_MAX_SITES}) let every coalition be scored"
+        )
+    else:
+        reason = "many_sites"
+        why = (
+            f"{rebuilt} but {sites} sites (more than {EXACT_MAX_SITES}) are too many to score "
+            "every coalition"
+        )
+    description = BASIS_NAMES[method] + (f", because {why}" if why else "")
+    if not measured:
+        description += " (not measured yet)"
+    return {
+        "method": method,
+        "measured": bool(measured),
+        "reason": reason,
+        "description": description,
+    }
 
 
 # ---------------------------------------------------------------------------------------------

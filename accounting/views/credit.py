@@ -65,10 +65,11 @@ def statement_json(request, pk: int):
 
 @login_required
 def statement_text(request, pk: int):
-    """The paper's contribution paragraph as text/plain (UTF-8)."""
+    """The paper's contribution paragraph, then how the job was trained and credited (model,
+    strategy, ε, SecAgg+, contribution method), as text/plain (UTF-8; ``credit.statement_text``)."""
     job = _job_or_404(request, pk)
     response = HttpResponse(
-        selectors.credit_for_job(job=job).paragraph + "\n", content_type="text/plain; charset=utf-8"
+        selectors.credit_for_job(job=job).text, content_type="text/plain; charset=utf-8"
     )
     response["Content-Disposition"] = f'inline; filename="credit-job-{job.pk}.txt"'
     return response

@@ -36,8 +36,12 @@ def person(username: str, first: str, last: str):
     return UserFactory(username=username, first_name=first, last_name=last)
 
 
-def build_credit_world() -> CreditWorld:
+def build_credit_world(**job_fields) -> CreditWorld:
     """Hospitals A, B, C each with one site in the job; project led by Northern University.
+
+    ``job_fields`` set the job's other fields (e.g. ``strategy_spec``, ``privacy`` and
+    ``epsilon``, ``secure_aggregation``); by default it trains the linear model with FedAvg,
+    without differential privacy or secure aggregation.
 
     People: ``ada`` (Ada Lovelace, member, submitted the job), ``grace`` (Grace Hopper, PI),
     ``alan`` (Alan Turing, member), ``olga`` (member of another project), ``bea`` (institution
@@ -81,6 +85,7 @@ def build_credit_world() -> CreditWorld:
         title="Risk model v1",
         target_column="label",
         status=JobStatus.COMPLETED,
+        **job_fields,
     )
     for site in sites.values():
         add_site(job, site)

@@ -175,6 +175,7 @@ def test_statement_document_shape():
         "standard": "ANSI/NISO Z39.104-2022",
         "job": {"id": 7, "title": "Risk", "status": "completed"},
         "project": {"slug": "cardio", "title": "Cardio"},
+        "method": None,
         "state": "draft",
         "contributors": [
             {
@@ -221,6 +222,53 @@ def test_statement_document_shape():
         "Resources: Hospital B (42 %). Supervision: Grace Hopper. "
         "Percentages are contribution shares (exact Shapley value over the whole run).",
     }
+
+
+METHOD = {
+    "model": {"kind": "linear", "params": {}, "description": "logistic (softmax) regression"},
+    "strategy": {"name": "fedprox", "params": {"mu": 0.1}, "description": "FedProx (μ = 0.1)"},
+    "training": {"description": "5 rounds, 5 local epochs, site learning rate 0.1"},
+    "privacy": {"description": "ε = 2.91 at δ = 1e-5, server-side fixed clipping"},
+    "secure_aggregation": False,
+    "contribution": {"description": "exact Shapley value over the whole run, because …"},
+}
+
+
+def test_method_lines_label_each_part_in_order():
+    assert credit.method_lines(METHOD) == [
+        ("Model", "logistic (softmax) regression"),
+        ("Strategy", "FedProx (μ = 0.1)"),
+        ("Training", "5 rounds, 5 local epochs, site learning rate 0.1"),
+        ("Differential privacy", "ε = 2.91 at δ = 1e-5, server-side fixed clipping"),
+        ("Secure aggregation", "off"),
+        ("Contribution method", "exact Shapley value over the whole run, because …"),
+    ]
+
+
+def test_method_lines_say_off_and_secagg():
+    method = METHOD | {"privacy": None, "secure_aggregation": True}
+
+    lines = dict(credit.method_lines(method))
+
+    assert lines["Differential privacy"] == "off"
+    assert lines["Secure aggregation"] == "SecAgg+"
+    assert credit.method_lines(None) == []
+
+
+def test_statement_text_is_paragraph_blank_line_then_method_lines():
+    text = credit.statement_text("Investigation: Ada Lovelace.", METHOD)
+
+    assert text == (
+        "Investigation: Ada Lovelace.\n"
+        "\n"
+        "Model: logistic (softmax) regression\n"
+        "Strategy: FedProx (μ = 0.1)\n"
+        "Training: 5 rounds, 5 local epochs, site learning rate 0.1\n"
+        "Differential privacy: ε = 2.91 at δ = 1e-5, server-side fixed clipping\n"
+        "Secure aggregation: off\n"
+        "Contribution method: exact Shapley value over the whole run, because …\n"
+    )
+    assert credit.statement_text("P.", None) == "P.\n"
 
 
 def test_module_imports_no_django():

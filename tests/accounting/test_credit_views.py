@@ -33,6 +33,41 @@ EXPECTED_PARAGRAPH = (
 )
 
 
+# How the world's job (linear model, FedAvg, no DP, no SecAgg+, exact Shapley over 3 sites) was
+# trained and credited: the text export's lines after the paragraph, and the JSON's "method".
+EXACT_BASIS = (
+    "exact Shapley value over the whole run, because each coalition's model could be rebuilt "
+    "from the sites' logged updates and 3 sites (at most 8) let every coalition be scored"
+)
+EXPECTED_METHOD_TEXT = (
+    "Model: logistic (softmax) regression\n"
+    "Strategy: FedAvg\n"
+    "Training: 5 rounds, 5 local epochs, site learning rate 0.1\n"
+    "Differential privacy: off\n"
+    "Secure aggregation: off\n"
+    f"Contribution method: {EXACT_BASIS}\n"
+)
+EXPECTED_METHOD = {
+    "task": "classification",
+    "model": {"kind": "linear", "params": {}, "description": "logistic (softmax) regression"},
+    "strategy": {"name": "fedavg", "params": {}, "description": "FedAvg"},
+    "training": {
+        "rounds": 5,
+        "local_epochs": 5,
+        "learning_rate": 0.1,
+        "description": "5 rounds, 5 local epochs, site learning rate 0.1",
+    },
+    "privacy": None,
+    "secure_aggregation": False,
+    "contribution": {
+        "method": "exact",
+        "measured": True,
+        "reason": "all_coalitions",
+        "description": EXACT_BASIS,
+    },
+}
+
+
 def _role(slug: str, name: str) -> dict:
     return {"slug": slug, "name": name, "uri": f"https://credit.niso.org/contributor-roles/{slug}/"}
 
@@ -156,7 +191,7 @@ def test_paragraph_export_is_the_hand_written_text(world):
     response = _client(world, "bea").get(_url(world, "credit.txt"))
 
     assert response["Content-Type"] == "text/plain; charset=utf-8"
-    assert response.content.decode() == EXPECTED_PARAGRAPH + "\n"
+    assert response.content.decode() == EXPECTED_PARAGRAPH + "\n\n" + EXPECTED_METHOD_TEXT
 
 
 def test_json_export_is_the_hand_written_document(world):
@@ -170,6 +205,7 @@ def test_json_export_is_the_hand_written_document(world):
         "standard": "ANSI/NISO Z39.104-2022",
         "job": {"id": world.job.pk, "title": "Risk model v1", "status": "completed"},
         "project": {"slug": "cardio", "title": "Cardio risk"},
+        "method": EXPECTED_METHOD,
         "state": "draft",
         "edited_by": None,
         "edited_at": None,
@@ -300,6 +336,7 @@ def test_edit_post_by_pi_saves_and_paragraph_follows(world):
         "Writing \u2013 original draft: Grace Hopper. "
         "Writing \u2013 review & editing: Alan Turing. "
         "Percentages are contribution shares (exact Shapley value over the whole run).\n"
+        "\n" + EXPECTED_METHOD_TEXT
     )
     statement.refresh_from_db()
     assert statement.edited_by == world.users["grace"]

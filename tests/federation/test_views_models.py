@@ -149,7 +149,8 @@ def test_job_page_and_credit_statement_name_model_strategy_and_contribution_meth
     assert "Multilayer perceptron (hidden 8, relu, dropout 0, L2 0.0001)" in page
     assert "FedMedian" in page
     assert "re-applying FedMedian to the coalition" in page
-    assert "multilayer perceptron (hidden 8" in credit and "strategy FedMedian" in credit
+    assert "multilayer perceptron (hidden 8" in credit
+    assert 'data-method="strategy">FedMedian</dd>' in credit
 
 
 def test_job_page_of_an_old_job_says_logistic_regression_and_fedavg(pi_client, world):
