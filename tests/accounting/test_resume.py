@@ -92,10 +92,11 @@ def _end(job, run_id: str, status: str, *, capture) -> FederatedJob:
         )
 
 
-def _failed_run(world, capture, *, hand_off=True) -> FederatedJob:
+def _failed_run(world, capture, *, hand_off=True, model="logreg") -> FederatedJob:
     """Run 1: rounds 1–3 metered, checkpoint after round 2, FAILED (accounted unless
     ``hand_off`` is false: then the failed end's chain is lost)."""
     job = FederatedJob.objects.create(
+        model=model,
         project=world.project,
         submitted_by=world.pi,
         title="resumed job",
@@ -313,6 +314,37 @@ def test_ledger_gets_leaves_for_the_new_run_and_none_rewritten(resumed):
     assert new[("credit", 2)] == 2 + 2  # compute credits, data credits
     assert not any(run == 1 for _, run in new)  # nothing of the failed run appended again
     assert new[("contribution", None)] > 0
+
+
+def test_score_measured_again_at_the_completed_end_gets_a_new_leaf_and_the_old_one_stays(
+    world, django_capture_on_commit_callbacks
+):
+    """Bagged trees are credited by data volume (ADR 0023), which the failed end already scored
+    from rounds 1–3 (120 training examples a site); the completed end's rounds 1–4 give 160."""
+    capture = django_capture_on_commit_callbacks
+    job = _failed_run(world, capture, model="xgboost")
+    first = {
+        s.site.slug: s.raw_value
+        for s in ContributionScore.objects.filter(job=job, method="data_volume")
+    }
+    leaves = _leaves()
+
+    job = _completed_run(world, _resume(world, job, capture), capture)
+
+    assert first == {"s0": 120.0, "s1": 120.0}
+    scores = ContributionScore.objects.filter(job=job, method="data_volume")
+    assert {s.site.slug: (s.raw_value, s.share) for s in scores} == {
+        "s0": (160.0, 0.5),
+        "s1": (160.0, 0.5),
+    }
+    after = _leaves()
+    assert after[: len(leaves)] == leaves
+    measured = [
+        json.loads(data)["raw_value"]
+        for _, kind, data, _ in after
+        if kind == "contribution" and json.loads(data)["job"] == job.pk
+    ]
+    assert measured == ["120.0", "120.0", "160.0", "160.0"]
 
 
 def test_chain_of_the_failed_end_delivered_while_the_job_runs_again_writes_nothing(
