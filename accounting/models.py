@@ -26,7 +26,13 @@ from django.utils import timezone
 
 
 class UsageRecord(models.Model):
-    """What one site spent on one job, summed over rounds from the ClientApp's metering.
+    """What one site spent on one run of one job, summed over rounds from the ClientApp's metering.
+
+    ``run`` is the run's ordinal within the job (1 = its first Flower run; a job resumed from a
+    round checkpoint runs again as run 2, 3, …, ADR 0028) and ``flower_run_id`` its Flower run id;
+    ``ended_at`` is when that run ended (the job's ``finished_at`` then; it picks the price rule
+    and the invoice month). A run's record holds the work done in that run only, so the records
+    of a job sum to everything it spent, each piece of work once.
 
     ``cpu_seconds``/``wall_seconds``: process CPU time and elapsed time of the ClientApp's work;
     ``examples``: training plus evaluation examples used; ``bytes_received``/``bytes_sent``: model
@@ -38,6 +44,13 @@ class UsageRecord(models.Model):
         "federation.FederatedJob", on_delete=models.PROTECT, related_name="usage_records"
     )
     site = models.ForeignKey("portal.Site", on_delete=models.PROTECT, related_name="usage")
+    run = models.PositiveIntegerField(
+        default=1, help_text="The job's run this record meters: 1, then 2, … after each resume."
+    )
+    flower_run_id = models.CharField(max_length=32, blank=True, help_text="uint64, as text.")
+    ended_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the run ended (null: the job's finish time)."
+    )
     rounds = models.PositiveIntegerField(default=0)
     cpu_seconds = models.FloatField(default=0.0)
     wall_seconds = models.FloatField(default=0.0)
@@ -67,13 +80,15 @@ class UsageRecord(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["job", "site__slug"]
+        ordering = ["job", "site__slug", "run"]
         constraints = [
-            models.UniqueConstraint(fields=["job", "site"], name="usage_unique_job_site"),
+            models.UniqueConstraint(
+                fields=["job", "site", "run"], name="usage_unique_job_site_run"
+            ),
         ]
 
     def __str__(self) -> str:
-        return f"usage {self.job_id} @ {self.site_id}"
+        return f"usage {self.job_id} run {self.run} @ {self.site_id}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,10 +231,14 @@ class BillingKind(models.TextChoices):
 
 
 class BillingEntry(models.Model):
-    """One charge or credit for one site's part in one job; unique per (job, site, kind).
+    """One charge or credit for one site's part in one run of a job; unique per
+    (job, site, kind, run).
 
     ``institution`` is who pays (charges) or is paid (credits); ``amount`` is positive in both
-    cases; ``service_units`` is what the pool's price rule made of the usage.
+    cases; ``service_units`` is what the pool's price rule made of the usage. ``run`` is the
+    job's run whose usage a compute line prices (ADR 0028: a resumed job's new run adds its own
+    lines; lines already written are never changed); the data lines of a completed job carry its
+    last run.
     """
 
     job = models.ForeignKey(
@@ -229,6 +248,7 @@ class BillingEntry(models.Model):
         "portal.Site", on_delete=models.PROTECT, related_name="billing_entries"
     )
     kind = models.CharField(max_length=16, choices=BillingKind.choices)
+    run = models.PositiveIntegerField(default=1, help_text="The job's run (see UsageRecord.run).")
     institution = models.ForeignKey(
         "portal.Institution", on_delete=models.PROTECT, related_name="billing_entries"
     )
@@ -242,9 +262,11 @@ class BillingEntry(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["job", "site__slug", "kind"]
+        ordering = ["job", "site__slug", "kind", "run"]
         constraints = [
-            models.UniqueConstraint(fields=["job", "site", "kind"], name="billing_unique_entry"),
+            models.UniqueConstraint(
+                fields=["job", "site", "kind", "run"], name="billing_unique_entry_run"
+            ),
             models.CheckConstraint(condition=models.Q(amount__gte=0), name="billing_amount_gte_0"),
         ]
 

@@ -1200,9 +1200,11 @@ def job_resume(*, by, job_id: int) -> FederatedJob:
     ``earlier_runs``; rounds after ``k`` (posted before the checkpoint was written) are deleted,
     as the new run trains them again; the sites still training at the checkpoint are pending
     again; ``callback_seq`` starts again (the new run signs with its own key, so the old run's
-    events cannot be replayed). Audited as ``job.resume``; the launch is queued on commit.
-    Raises ``JobError`` for a user who is not the job's submitter, a job that is not FAILED or
-    has its final results, or one with no checkpoint (or a model store that cannot be read).
+    events cannot be replayed). ``federation.signals.job_resumed`` is sent first, before any of
+    this (accounting records the failed run's usage then). Audited as ``job.resume``; the launch
+    is queued on commit. Raises ``JobError`` for a user who is not the job's submitter, a job
+    that is not FAILED or has its final results, one with no checkpoint (or a model store that
+    cannot be read), or one a receiver of ``job_resumed`` refuses.
     """
     job = FederatedJob.objects.select_related("project").get(pk=job_id)
     if not can(by, "job.resume", job):
@@ -1223,6 +1225,9 @@ def job_resume(*, by, job_id: int) -> FederatedJob:
                 "the job has no round checkpoint to resume from (it failed before its first "
                 "round was saved): submit it again"
             )
+        # Before the failed run's metering and end are changed: the floors above account for it
+        # first (a receiver may refuse with JobError; the transaction then writes nothing).
+        job_resumed.send(sender=FederatedJob, job=job, from_round=rnd)
         earlier = job.flower_run_id
         job.earlier_runs = [*job.earlier_runs, earlier] if earlier else list(job.earlier_runs)
         job.flower_run_id = ""
@@ -1264,7 +1269,6 @@ def job_resume(*, by, job_id: int) -> FederatedJob:
             from_round=rnd,
             earlier_run=earlier,
         )
-        job_resumed.send(sender=FederatedJob, job=job)
         transaction.on_commit(signature(JOB_LAUNCH_TASK, args=(job.pk,)).delay, robust=True)
     return job
 

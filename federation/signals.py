@@ -10,7 +10,10 @@ from django.dispatch import Signal
 
 job_finished = Signal()
 
-#: Sent (``sender=FederatedJob``, ``job=…``) inside the transaction that queues a FAILED job to
-#: resume from its round checkpoint (``federation.services.job_resume``): the floors above may
-#: reopen what they recorded of its failed end (accounting: its steps run again when it ends).
+#: Sent (``sender=FederatedJob``, ``job=…``, ``from_round=k``) inside the transaction that queues
+#: a FAILED job to resume from its round-``k`` checkpoint (``federation.services.job_resume``),
+#: with the job's row locked and *before* anything of its failed run is changed or deleted (the
+#: metering of rounds after ``k``, the run's id and end): the floors above may close out and
+#: reopen what they record of its failed end (accounting records the failed run's usage and
+#: reopens its steps, ADR 0028). A receiver may refuse the resume by raising ``JobError``.
 job_resumed = Signal()

@@ -15,8 +15,11 @@ The rules, in one place (the docstrings below give the details):
   recorded as a ``compute_charge`` of 0.00 with its service units (show-back, no money moves)
   and no credit, so every usage record leaves exactly one compute trace.
 * **Invoices**: one per institution and calendar month; an entry goes to its institution's open
-  invoice of the job's finish month, or — when that month is already closed — of the next month
-  that is still open (a late entry is never added to a closed invoice).
+  invoice of the month its run ended (the job's finish month for a job never resumed), or — when
+  that month is already closed — of the next month that is still open (a late entry is never
+  added to a closed invoice).
+* **Resumed jobs** (ADR 0028): usage and compute lines are per run; a new run adds its own lines
+  and never changes the lines already issued for an earlier run.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from accounting.models import (
     UsageRecord,
 )
 from accounting.selectors.contribution import whole_run_shares
+from accounting.services.usage import run_ordinal
 from federation.models import FederatedJob, JobStatus
 from portal.ledger.services import ledger_append
 from portal.models import Site
@@ -249,6 +253,8 @@ class _Line:
     service_units: Decimal
     amount: Decimal
     currency: str
+    run: int
+    billed_on: dt.date  # the day that picked the price rule; its month picks the invoice
 
 
 def _data_shares(job) -> dict[int, Decimal]:
@@ -269,66 +275,87 @@ def _site_pool(site):
 BILLED_STATUSES = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.STOPPED)
 
 
+def _usage_day(usage: UsageRecord, finished_on: dt.date) -> dt.date:
+    """The day ``usage``'s run ended, in the portal's zone (``finished_on``, the job's finish day,
+    for a record written before runs were recorded)."""
+    return timezone.localtime(usage.ended_at).date() if usage.ended_at else finished_on
+
+
 def _job_lines(job, finished_on: dt.date) -> list[_Line]:
-    """What ``job`` should be billed (pure reads): compute lines, then data lines."""
+    """What ``job`` should be billed in all (pure reads): compute lines for every run's usage
+    record, each priced on the day its run ended, then the data lines of a completed job."""
     payer = job.project.institution
+    last_run = run_ordinal(job)
     lines: list[_Line] = []
-    data_pool: list[tuple[object, PriceRule, Decimal]] = []  # (site, rule, data amount)
+    data_pool: dict[int, list] = {}  # site id -> [site, rule of its last run, data amount]
     usages = (
         UsageRecord.objects.filter(job=job)
         .select_related("site__institution")
         .prefetch_related("site__pools")
     )
-    for usage in usages.order_by("site__slug"):
+    for usage in usages.order_by("site__slug", "run"):
         pool = _site_pool(usage.site)
-        rule = None if pool is None else price_rule_in_effect(pool=pool, day=finished_on)
+        day = _usage_day(usage, finished_on)
+        rule = None if pool is None else price_rule_in_effect(pool=pool, day=day)
         if rule is None:
             continue
         units = service_units(usage=usage, rule=rule)
         value = money(units * rule.price_per_unit)
         provider = usage.site.institution
         own = provider.pk == payer.pk
+        common = {"rule": rule, "service_units": units, "currency": rule.currency}
         lines.append(
             _Line(
-                usage.site,
-                BillingKind.COMPUTE_CHARGE,
-                payer,
-                rule,
-                units,
-                Decimal("0.00") if own else value,
-                rule.currency,
+                site=usage.site,
+                kind=BillingKind.COMPUTE_CHARGE,
+                institution=payer,
+                amount=Decimal("0.00") if own else value,
+                run=usage.run,
+                billed_on=day,
+                **common,
             )
         )
         if not own:
             lines.append(
                 _Line(
-                    usage.site,
-                    BillingKind.COMPUTE_CREDIT,
-                    provider,
-                    rule,
-                    units,
-                    value,
-                    rule.currency,
+                    site=usage.site,
+                    kind=BillingKind.COMPUTE_CREDIT,
+                    institution=provider,
+                    amount=value,
+                    run=usage.run,
+                    billed_on=day,
+                    **common,
                 )
             )
         if rule.data_credit_rate > 0:
             data_amount = money(value * rule.data_credit_rate)
             if data_amount > 0:
-                data_pool.append((usage.site, rule, data_amount))
+                part = data_pool.setdefault(usage.site.pk, [usage.site, rule, Decimal(0)])
+                part[1] = rule
+                part[2] += data_amount
     already = BillingEntry.objects.filter(job=job, kind__in=DATA_KINDS).exists()
     if job.status != JobStatus.COMPLETED:  # a failed or stopped job earns no data credit
-        data_pool = []
+        data_pool = {}
     if data_pool and not already:  # data entries are written together, once
         shares = _data_shares(job)
         if shares:
-            currencies = {rule.currency for _, rule, _ in data_pool}
+            currencies = {rule.currency for _, rule, _ in data_pool.values()}
             if len(currencies) > 1:
                 raise BillingError(f"Job {job.pk} mixes currencies {sorted(currencies)}.")
             currency = currencies.pop()
-            total = sum((amount for _, _, amount in data_pool), Decimal(0))
-            for site, rule, amount in data_pool:
+            total = sum((amount for _, _, amount in data_pool.values()), Decimal(0))
+            data = {"currency": currency, "run": last_run, "billed_on": finished_on}
+            for site, rule, amount in data_pool.values():
                 lines.append(
-                    _Line(site, BillingKind.DATA_CHARGE, payer, rule, Decimal(0), amount, currency)
+                    _Line(
+                        site=site,
+                        kind=BillingKind.DATA_CHARGE,
+                        institution=payer,
+                        rule=rule,
+                        service_units=Decimal(0),
+                        amount=amount,
+                        **data,
+                    )
                 )
             sites = {
                 s.slug: s for s in Site.objects.filter(pk__in=shares).select_related("institution")
@@ -338,13 +365,13 @@ def _job_lines(job, finished_on: dt.date) -> list[_Line]:
                 site = sites[slug]
                 lines.append(
                     _Line(
-                        site,
-                        BillingKind.DATA_CREDIT,
-                        site.institution,
-                        None,
-                        Decimal(0),
-                        part,
-                        currency,
+                        site=site,
+                        kind=BillingKind.DATA_CREDIT,
+                        institution=site.institution,
+                        rule=None,
+                        service_units=Decimal(0),
+                        amount=part,
+                        **data,
                     )
                 )
     return lines
@@ -392,27 +419,33 @@ def job_bill(*, job) -> list[BillingEntry]:
     compute it actually used — its sites' slot time up to the failure or stop, as metered in its
     usage records — and earns no data credit (no data lines), as Slurm charges a failed or
     cancelled job its allocation for the time it ran (ADR 0019); a job still running is not
-    billed (``[]``). The date that picks the price rule and the invoice month is
-    ``job.finished_at`` in the portal's time zone (``BillingError`` if an ended job has none). For each ``UsageRecord`` of the job, with
-    the price rule of the site's pool in effect that day (no rule: not billed):
+    billed (``[]``). ``BillingError`` if an ended job has no ``finished_at``. For each
+    ``UsageRecord`` of the job — one per site and run (ADR 0028) — with the price rule of the
+    site's pool in effect on the day that run ended (``UsageRecord.ended_at``, else
+    ``job.finished_at``, in the portal's time zone; no rule: not billed):
 
     * ``compute_charge`` to the project's institution and ``compute_credit`` to the site's
-      institution, both ``money(SU × price_per_unit)`` (see ``service_units``); own-institution
-      use: a ``compute_charge`` of 0.00 carrying the SU, no credit;
-    * when ``data_credit_rate`` > 0: ``data_charge`` = ``money(rate × SU × price)`` (computed
-      on the compute value even for own-institution use) to the project's institution, keyed by
-      that compute site; the data charges' sum is paid out as ``data_credit`` to the institution
-      of every site with a whole-run ``ContributionScore`` (method exact, else gtg, else
-      data_volume), split by share with ``split_exact`` so the credits sum to the charges to the
-      cent. The project's own data sites are credited too (it pays itself its own share). No
-      scores yet: no data entries; a later call adds them.
+      institution, both ``money(SU × price_per_unit)`` (see ``service_units``), keyed by the
+      record's run; own-institution use: a ``compute_charge`` of 0.00 carrying the SU, no credit;
+    * when ``data_credit_rate`` > 0 and the job COMPLETED: ``data_charge`` = the sum over the
+      compute site's runs of ``money(rate × SU × price)`` (computed on the compute value even
+      for own-institution use) to the project's institution, keyed by that compute site; the data
+      charges' sum is paid out as ``data_credit`` to the institution of every site with a
+      whole-run ``ContributionScore`` (method exact, else gtg, else data_volume), split by share
+      with ``split_exact`` so the credits sum to the charges to the cent. The project's own data
+      sites are credited too (it pays itself its own share). Data lines carry the job's last run
+      and its finish day. No scores yet: no data entries; a later call adds them.
 
-    Idempotent: ``get_or_create`` on (job, site, kind) under the ``billing_unique_entry``
-    constraint, with the job row locked; an existing entry is never re-priced, so running this
-    twice changes nothing (data entries are only written when the job has none yet, so scores
-    arriving later by another method cannot unbalance them). Each new entry is appended to the ledger (kind ``charge`` or
-    ``credit``, amounts as strings) and attached to its institution's open invoice (see
-    ``_open_invoice``), whose running totals are updated.
+    What is written is the difference between what the job should be billed (the lines above)
+    and what is already billed: ``get_or_create`` on (job, site, kind, run) under the
+    ``billing_unique_entry_run`` constraint, with the job row locked. An existing entry is never
+    re-priced or moved, so running this twice changes nothing, and a job resumed from its
+    checkpoint adds only the lines of its new run's usage (the failed run's lines, perhaps on a
+    closed invoice, stay as issued). Data entries are only written when the job has none yet, so
+    scores arriving later by another method cannot unbalance them. Each new entry is appended to
+    the ledger (kind ``charge`` or ``credit``, amounts as strings) and attached to its
+    institution's open invoice of its day's month (see ``_open_invoice``), whose running totals
+    are updated.
     """
     job = (
         FederatedJob.objects.select_for_update(of=("self",))
@@ -424,7 +457,6 @@ def job_bill(*, job) -> list[BillingEntry]:
     if job.finished_at is None:
         raise BillingError(f"Job {job.pk} has ended but has no finish time.")
     finished_on = timezone.localtime(job.finished_at).date()
-    month = month_start(finished_on)
     created_entries: list[BillingEntry] = []
     touched: dict[int, Invoice] = {}
     for line in _job_lines(job, finished_on):
@@ -432,6 +464,7 @@ def job_bill(*, job) -> list[BillingEntry]:
             job=job,
             site=line.site,
             kind=line.kind,
+            run=line.run,
             defaults={
                 "institution": line.institution,
                 "price_rule": line.rule,
@@ -442,7 +475,9 @@ def job_bill(*, job) -> list[BillingEntry]:
         )
         if not created:
             continue
-        invoice = _open_invoice(institution=line.institution, month=month, currency=line.currency)
+        invoice = _open_invoice(
+            institution=line.institution, month=month_start(line.billed_on), currency=line.currency
+        )
         entry.invoice = invoice
         entry.save(update_fields=["invoice"])
         touched[invoice.pk] = invoice
@@ -453,6 +488,7 @@ def job_bill(*, job) -> list[BillingEntry]:
                 "job": job.pk,
                 "site": line.site.slug,
                 "billing_kind": line.kind,
+                "run": line.run,
                 "institution": line.institution.slug,
                 "price_rule": line.rule.pk if line.rule else None,
                 "service_units": str(line.service_units),

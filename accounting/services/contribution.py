@@ -114,9 +114,12 @@ def contribution_score_job(*, job: FederatedJob) -> list[ContributionScore]:
       aggregation), or the job trained bagged trees (``job.model == "xgboost"``, ADR 0023):
       no coalition model can be rebuilt (:func:`volume_basis`).
 
-    Idempotent and safe to call twice (a lock on the job row; ``update_or_create``): a score is
-    appended to the ledger (``kind="contribution"``) only when first created. Returns the job's
-    scores (empty when no utilities were posted, or the evaluation reported an error).
+    Idempotent and safe to call twice (a lock on the job row, one row per job, site, method and
+    round): a score is appended to the ledger (``kind="contribution"``) when first created, and
+    again only when its figures changed (a job resumed from its checkpoint is scored again on its
+    completed run: the row is updated and the new figures get a new leaf, the earlier leaf
+    stays). A second call with the same data writes nothing. Returns the job's scores (empty when
+    no utilities were posted, or the evaluation reported an error).
 
     Raises ``ContributionError`` when a needed coalition utility is missing or a player is not a
     site of the job (nothing is written then).
@@ -133,18 +136,26 @@ def contribution_score_job(*, job: FederatedJob) -> list[ContributionScore]:
         for method, rnd, players, raw, evaluations in results:
             shares = normalise(raw)
             for slug, value, share in zip(players, raw, shares, strict=True):
-                score, created = ContributionScore.objects.update_or_create(
-                    job=job,
-                    site=sites[slug],
-                    method=method,
-                    round=rnd,
-                    defaults={
-                        "raw_value": float(value),
-                        "share": float(share),
-                        "evaluations": evaluations,
-                    },
-                )
-                if created:
+                values = {
+                    "raw_value": float(value),
+                    "share": float(share),
+                    "evaluations": evaluations,
+                }
+                score = ContributionScore.objects.filter(
+                    job=job, site=sites[slug], method=method, round=rnd
+                ).first()
+                changed = score is None or any(getattr(score, k) != v for k, v in values.items())
+                if score is None:
+                    score = ContributionScore.objects.create(
+                        job=job, site=sites[slug], method=method, round=rnd, **values
+                    )
+                elif changed:
+                    # Measured again (a resumed job's completed run): the row shows the new
+                    # figures, and the ledger gets a new leaf; the earlier leaf stays.
+                    for k, v in values.items():
+                        setattr(score, k, v)
+                    score.save(update_fields=list(values))
+                if changed:
                     created_any = True
                     ledger_append(
                         kind="contribution",

@@ -5,7 +5,16 @@ as one chain in that order (:func:`job_accounting_chain`). The state of each ste
 ``JobAccountingStep`` row, written in the same transaction as the step's own records, so a step
 is ``done`` exactly when what it wrote is committed. A second delivery of a step finds it done and
 writes nothing; the services under it are idempotent too (their unique constraints), so two
-chains for one job at once write everything once.
+chains for one job at once write everything once. A step runs under the job's row lock, then its
+own row's (every writer of a job's accounting takes them in that order).
+
+A FAILED job resumed from its round checkpoint (``federation.signals.job_resumed``) is reopened
+by :func:`job_accounting_reopen` (ADR 0028): its failed run's usage is recorded before the resume
+deletes the metering of the rounds after the checkpoint, and its steps go back to ``pending``;
+they wait while the job runs again (a step of a job that has not ended stays pending) and run at
+its next end, each adding only what is new: the new run's usage record, the billing lines of the
+usage not billed yet (lines already issued are never changed), and — for a COMPLETED end — the
+contribution scores and the credit statement.
 
 What a step needs (the dependency graph):
 
@@ -48,8 +57,9 @@ from accounting.models import AccountingStep, BillingEntry, JobAccountingStep, S
 from accounting.services.billing import job_bill
 from accounting.services.contribution import contribution_score_job
 from accounting.services.credit import credit_statement_draft
-from accounting.services.usage import usage_record_job
+from accounting.services.usage import run_ordinal, usage_record_job
 from federation.models import FederatedJob, JobStatus
+from federation.services import JobError
 from portal.permissions import can
 from portal.services import audit_record
 
@@ -97,7 +107,9 @@ def _plural(n: int, word: str, words: str | None = None) -> str:
 
 def _usage(job: FederatedJob, missing: list[str]) -> str:
     records = usage_record_job(job=job)
-    return _plural(len(records), "usage record") if records else "no site metered any work"
+    run = run_ordinal(job)
+    text = _plural(len(records), "usage record") if records else "no site metered any work"
+    return text + (f" (run {run})" if run > 1 else "")
 
 
 def _contribution(job: FederatedJob, missing: list[str]) -> str:
@@ -185,7 +197,8 @@ def job_step_run(*, job_id: int, step: str) -> str:
     (the chain running them comes back to it, else the sweep does); a failed hard need makes it
     ``blocked``; otherwise its service runs and the step ends ``done`` (or ``partial`` when a
     soft need failed), in one transaction with what it wrote. Returns ``""`` for a job that does
-    not exist or has not ended (nothing is opened for it).
+    not exist or has not ended (nothing is opened for it); a step of a job that has been
+    reopened and is running again stays ``pending`` (its next end queues the chain again).
 
     A deterministic error rolls the step back and records it ``failed`` with its reason
     (``failure_reason``) and an audit event ``accounting.step_fail``; it is not raised.
@@ -198,10 +211,18 @@ def job_step_run(*, job_id: int, step: str) -> str:
                 return ""
             _open([job_id])  # the first step of a job's first chain (the hand-off, the sweep)
         with transaction.atomic():
+            # The job's row first, then the step's: the order ``job_accounting_reopen`` takes
+            # them in too (under ``job_resume``'s lock on the job), so no two wait on each other.
+            job = (
+                FederatedJob.objects.select_for_update(of=("self",))
+                .select_related("project__institution")
+                .get(pk=job_id)
+            )
             row = JobAccountingStep.objects.select_for_update().get(job_id=job_id, step=step)
             if row.status != StepStatus.PENDING:
                 return row.status
-            job = FederatedJob.objects.select_related("project__institution").get(pk=job_id)
+            if not job.is_terminal:  # resumed: it is accounted for when it ends again
+                return StepStatus.PENDING
             states = dict(
                 JobAccountingStep.objects.filter(job_id=job_id).values_list("step", "status")
             )
@@ -316,6 +337,63 @@ def job_accounting_retry(*, by, job: FederatedJob) -> list[str]:
     return [r.step for r in again]
 
 
+def job_accounting_reopen(*, job: FederatedJob, from_round: int | None = None) -> list[str]:
+    """Reopen the accounting of a FAILED ``job`` that is being resumed from its checkpoint, so
+    that its final end is accounted for too (ADR 0028); returns the steps reopened, in ``STEPS``
+    order.
+
+    Called by the receiver of ``federation.signals.job_resumed`` inside ``job_resume``'s
+    transaction, with the job's row locked and the job as its failed run ended — before the
+    resume deletes the metering of the rounds after the checkpoint (``from_round``) and clears
+    the run's end. In that transaction:
+
+    1. the failed run's usage is recorded (``usage_record_job``: one record per site for the
+       run, idempotent — a run its usage step already recorded is left as it is), so the work it
+       did after the checkpoint stays metered, and billed, though the new run trains those rounds
+       again;
+    2. every step row (opened when missing) goes back to ``pending`` with the reason in its
+       detail; attempts are kept. What the failed end wrote stays: its usage records, its billing
+       lines (on their invoices, closed or not) and their ledger leaves. The steps wait while the
+       job runs again and run when ``job_finished`` queues the chain at its next end;
+    3. the audit event ``accounting.reopen`` (run, round, steps and their statuses before).
+
+    Raises ``JobError`` (the resume is refused, nothing is written) when the failed run's usage
+    cannot be recorded — a deterministic error: resuming would delete metering no record holds;
+    an institution admin mends it and retries the job's accounting first. Transient database
+    errors are raised as they are.
+    """
+    run = run_ordinal(job)
+    try:
+        records = usage_record_job(job=job)
+    except TRANSIENT_ERRORS:
+        raise
+    except Exception as exc:
+        raise JobError(
+            f"the usage of the failed run cannot be recorded ({failure_reason(exc)}); resuming "
+            "would delete its metering: an admin must mend it and retry the job's accounting"
+        ) from exc
+    _open([job.pk])
+    rows = sorted(
+        JobAccountingStep.objects.select_for_update().filter(job=job),
+        key=lambda r: STEPS.index(r.step),
+    )
+    before = {r.step: r.status for r in rows}
+    after = f"run {run} ended failed" + (f" after round {from_round}" if from_round else "")
+    for row in rows:
+        _save(row, StepStatus.PENDING, detail=f"reopened: the job resumed ({after})")
+    audit_record(
+        by=None,
+        action="accounting.reopen",
+        target=job,
+        institution=job.project.institution,
+        run=run,
+        from_round=from_round,
+        usage_records=len(records),
+        steps=before,
+    )
+    return [r.step for r in rows]
+
+
 def _sweep_lock() -> bool:
     """Take the sweep's lock for this transaction (PostgreSQL); ``False`` when another sweep
     holds it. Other databases (the embedded SQLite) serialise writers themselves."""
@@ -383,6 +461,7 @@ __all__ = [
     "AccountingError",
     "job_accounting_chain",
     "job_accounting_queue_on_commit",
+    "job_accounting_reopen",
     "job_accounting_retry",
     "job_accounting_sweep",
     "job_step_give_up",

@@ -1,8 +1,13 @@
-"""Writes of metered usage: one ``UsageRecord`` per (job, site), appended once to the ledger.
+"""Writes of metered usage: one ``UsageRecord`` per (job, site, run), appended once to the ledger.
 
-Sources: each site's ``SiteRoundMetric`` rows (ClientApp metering of the train and evaluate
-messages of every round) plus the site's share of the contribution evaluation
+Sources: each site's ``SiteRoundMetric`` rows of the run (ClientApp metering of the train and
+evaluate messages of every round it trained) plus the site's share of the contribution evaluation
 (``job.final_metrics["contribution"]["sites"]``), which is work the site did for this job too.
+
+A job resumed from its round checkpoint (``federation.services.job_resume``) runs again: its
+runs are numbered 1, 2, … (:func:`run_ordinal`), and each run's record meters only the rounds
+that run trained — those after the round it resumed from (``job.resume_round``) — so the records
+of a job sum to all the work done, each piece once (ADR 0028).
 """
 
 from __future__ import annotations
@@ -29,6 +34,12 @@ def _dec(value: float, places: int = 6) -> str:
     return str(Decimal(repr(float(value))).quantize(Decimal(1).scaleb(-places)))
 
 
+def run_ordinal(job: FederatedJob) -> int:
+    """The ordinal of ``job``'s current (or last) run: 1 for its first Flower run, + 1 for each
+    time it was resumed (``job.earlier_runs`` holds the run ids before the current one)."""
+    return len(job.earlier_runs) + 1
+
+
 def _ledger_record(record: UsageRecord, job: FederatedJob, examples_commitment: str) -> dict:
     """The usage leaf. Examples appear only as a salted commitment: every institution reads the
     ledger, and ``examples`` = rounds × (train + test rows) + test rows gives away a site's exact
@@ -38,6 +49,8 @@ def _ledger_record(record: UsageRecord, job: FederatedJob, examples_commitment: 
     return {
         "job": job.pk,
         "site": record.site.slug,
+        "run": record.run,
+        "flower_run": record.flower_run_id,
         "rounds": record.rounds,
         "cpu_seconds": _dec(record.cpu_seconds),
         "wall_seconds": _dec(record.wall_seconds),
@@ -53,29 +66,47 @@ def _ledger_record(record: UsageRecord, job: FederatedJob, examples_commitment: 
 
 
 def usage_record_job(*, job: FederatedJob) -> list[UsageRecord]:
-    """Sum one finished job's metering into one ``UsageRecord`` per participating site.
+    """Sum the metering of one finished job's last run into one ``UsageRecord`` per site.
 
-    Per site: ``rounds`` = rounds it completed (``ok``); ``cpu_seconds``/``wall_seconds``
-    (seconds), ``examples`` (train + evaluation examples), ``bytes_received``/``bytes_sent``
-    (bytes of model ArrayRecords, see ``SiteRoundMetric``) summed over every round it replied to,
-    plus its part of the contribution evaluation. Sites with no metered round and no contribution
-    work get no record. ``flower_*`` stay null: flwr 1.42 reports compute time and traffic only
-    per run (kept in ``job.final_metrics["flower"]``), never per site.
+    The run is the job's current one (``run`` = :func:`run_ordinal`, ``flower_run_id`` =
+    ``job.flower_run_id``, ``ended_at`` = ``job.finished_at``), and its rounds are those after
+    ``job.resume_round`` (all of them for a job never resumed): the rounds up to the checkpoint
+    were trained, and recorded, by the earlier runs. Per site: ``rounds`` = rounds of the run it
+    completed (``ok``); ``cpu_seconds``/``wall_seconds`` (seconds), ``examples`` (train +
+    evaluation examples), ``bytes_received``/``bytes_sent`` (bytes of model ArrayRecords, see
+    ``SiteRoundMetric``) summed over every round of the run it replied to, plus its part of the
+    contribution evaluation; ``reserved_seconds`` = the run's start to its end. Sites with no
+    metered round and no contribution work get no record. ``flower_*`` stay null: flwr 1.42
+    reports compute time and traffic only per run (kept in ``job.final_metrics["flower"]``),
+    never per site.
 
-    Idempotent (``update_or_create`` under a lock on the job row): each record is appended to the
-    ledger (``kind="usage"``, floats as Decimal strings) only when first created; a second call
-    returns the same records and appends nothing. Returns the records ordered by site slug.
+    Idempotent (``update_or_create`` on (job, site, run) under a lock on the job row): each
+    record is appended to the ledger (``kind="usage"``, floats as Decimal strings) only when
+    first created; a second call returns the same records and appends nothing. Returns the
+    records ordered by site slug.
 
-    Raises ``UsageError`` when the job has not finished (its figures could still change).
+    Raises ``UsageError`` when the job has not finished (its figures could still change), or
+    when a record of this run number holds another Flower run (nothing is overwritten).
     """
     with transaction.atomic():
         job = FederatedJob.objects.select_for_update().get(pk=job.pk)
         if not job.is_terminal:
             raise UsageError(f"job {job.pk} is {job.status}; usage is recorded once it has ended")
+        run = run_ordinal(job)
+        other = (
+            UsageRecord.objects.filter(job=job, run=run)
+            .exclude(flower_run_id__in=["", job.flower_run_id])
+            .first()
+        )
+        if other is not None and job.flower_run_id:
+            raise UsageError(
+                f"job {job.pk}: run {run} is recorded as Flower run {other.flower_run_id}, "
+                f"not {job.flower_run_id}"
+            )
         extra = (job.final_metrics.get("contribution") or {}).get("sites") or {}
         sums = {
             row["job_site"]: row
-            for row in SiteRoundMetric.objects.filter(job_site__job=job)
+            for row in SiteRoundMetric.objects.filter(job_site__job=job, round__gt=job.resume_round)
             .values("job_site")
             .annotate(
                 rounds=Count("id", filter=Q(ok=True)),
@@ -101,6 +132,8 @@ def usage_record_job(*, job: FederatedJob) -> list[UsageRecord]:
                 continue
             row = row or {}
             values = {
+                "flower_run_id": job.flower_run_id,
+                "ended_at": job.finished_at,
                 "reserved_seconds": reserved,
                 "rounds": row.get("rounds") or 0,
                 "cpu_seconds": (row.get("cpu") or 0.0) + float(more.get("cpu_seconds", 0.0)),
@@ -129,7 +162,7 @@ def usage_record_job(*, job: FederatedJob) -> list[UsageRecord]:
             if figures is not None:
                 values["energy_kwh"], _, values["emissions_g"] = figures
             record, created = UsageRecord.objects.update_or_create(
-                job=job, site=js.site, defaults=values
+                job=job, site=js.site, run=run, defaults=values
             )
             if created:
                 committed, salt = commitment(str(record.examples))
@@ -141,6 +174,7 @@ def usage_record_job(*, job: FederatedJob) -> list[UsageRecord]:
                     institution=js.site.institution,
                     job=job.pk,
                     site=js.site.slug,
+                    run=run,
                     examples=record.examples,
                     examples_salt=salt,
                 )

@@ -233,6 +233,7 @@ def test_job_bill_appends_each_entry_to_the_ledger(world):
         "job": job.pk,
         "site": "site-b",
         "billing_kind": "compute_charge",
+        "run": 1,
         "institution": "inst-a",
         "price_rule": world.rule["B"].pk,
         "service_units": "24.0000",
