@@ -252,7 +252,8 @@ def job_submit(
     ``privacy`` (optional): the ``frp_flwr.contract.Privacy`` dict (``dp`` off when absent). With
     dp on, the job's ε is computed (``federation.privacy_budget``) and stored on the job and in a
     ledger leaf; a job whose ε would exceed any chosen dataset's budget for the project is
-    refused with the figures (spent, this job, budget).
+    refused with the figures (spent, this job, budget); so is a job with dp off on a dataset
+    that has a budget for the project (its ε would be unbounded).
     """
     schedule = dict(schedule or {})
     if not can(by, "job.submit", project):
@@ -374,13 +375,31 @@ def job_submit(
 
 def _privacy_check(project, versions, privacy: dict | None, num_rounds: int):
     """``(settings, ε)`` of a job's privacy (``({}, None)`` with dp off). Raises ``JobError``
-    for settings the contract refuses, and for a job over a steward's ε budget, with the figures.
+    for settings the contract refuses, for a job over a steward's ε budget, with the figures, and
+    for a job without dp on a dataset that has a budget (its ε would be unbounded).
     The budget rows are locked so two submissions cannot both spend the last of a budget."""
     from federation import privacy_budget
     from federation.privacy import PrivacyError
     from sandbox.models import PrivacyBudget
 
     if not privacy or privacy.get("dp", "off") == "off":
+        # Without dp a job's ε is unbounded: a steward's budget on a chosen dataset needs dp on.
+        budgets = sandbox_selectors.privacy_budgets(
+            project=project, dataset_ids=[v.dataset_id for v in versions]
+        )
+        if budgets:
+            names = {v.dataset_id: str(v.dataset) for v in versions}
+            raise JobError(
+                "a privacy budget needs differential privacy",
+                {
+                    "dp": [
+                        f"{names[d]}: the data steward set this project a privacy budget "
+                        f"(budget {eps:.3g}); a job on it must use differential privacy, "
+                        "whose ε is counted against it."
+                        for d, eps in sorted(budgets.items())
+                    ]
+                },
+            )
         return {}, None
     try:
         settings_ = {  # the differential-privacy settings (SecAgg+ is the job's own field)
@@ -392,9 +411,9 @@ def _privacy_check(project, versions, privacy: dict | None, num_rounds: int):
     except (contract.ContractError, PrivacyError) as exc:
         raise JobError(str(exc), {"dp": [str(exc)]}) from None
     list(
-        PrivacyBudget.objects.select_for_update().filter(
-            project=project, dataset_id__in=[v.dataset_id for v in versions]
-        )
+        PrivacyBudget.objects.select_for_update()
+        .filter(project=project, dataset_id__in=[v.dataset_id for v in versions])
+        .order_by("pk")  # one lock order for every submission: no deadlock between two
     )
     problems = privacy_budget.refusal(
         privacy_budget.budget_figures(project=project, versions=versions, epsilon=epsilon)

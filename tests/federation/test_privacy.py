@@ -194,6 +194,27 @@ def test_submit_over_a_budget_is_refused_with_spent_this_job_and_budget(world, s
     assert FederatedJob.objects.count() == 1
 
 
+def test_a_job_without_dp_on_a_dataset_with_a_budget_is_refused_with_the_budget(world, settings):
+    """Without differential privacy a job's ε is unbounded: it would take any budget, so a
+    steward's budget on a chosen dataset requires dp on."""
+    settings.CELERY_TASK_ALWAYS_EAGER = False
+    _budget(world, world["versions"][1].dataset, epsilon=2.0)
+    with pytest.raises(services.JobError) as err:
+        services.job_submit(
+            by=world["pi"],
+            project=world["project"],
+            dataset_versions=world["versions"],
+            title="no dp",
+            target_column="label",
+            num_rounds=3,
+            privacy={"dp": "off"},
+        )
+    (message,) = err.value.field_errors["dp"]
+    assert world["versions"][1].dataset.title in message
+    assert "budget 2" in message and "differential privacy" in message
+    assert FederatedJob.objects.count() == 0
+
+
 def test_a_job_that_ended_without_a_round_spent_nothing(world, settings):
     settings.CELERY_TASK_ALWAYS_EAGER = False
     one = gaussian_epsilon(1.0, 3, 1e-5)
