@@ -206,6 +206,36 @@ def _validate_training(
     return model_spec, strategy_spec
 
 
+def _check_model_size(model_spec: dict, task: str, plans: list[contract.FeaturePlan]) -> None:
+    """Refuse (``JobError`` on ``mlp_hidden``, or ``feature_columns`` for the linear model) a model
+    whose final weights cannot reach the portal: more than ``contract.MAX_FINAL_MODEL_VALUES``
+    numbers even with one input per feature (plus its missing indicator) and the fewest outputs
+    (1 for regression, 2 classes). One-hot features and more classes only add to it."""
+    from frp_flwr.models import parameter_count
+
+    inputs = len(plans) + sum(1 for p in plans if p.indicator)
+    outputs = 1 if task == "regression" else 2
+    count = parameter_count(model_spec, num_features=inputs, num_outputs=outputs)
+    cap = contract.MAX_FINAL_MODEL_VALUES
+    if count <= cap:
+        return
+    if model_spec.get("kind") == "mlp":
+        hidden = ",".join(str(h) for h in model_spec["hidden"])
+        field, advice = "mlp_hidden", "choose fewer or narrower hidden layers"
+        shape = f"{inputs} inputs, hidden layers {hidden}, {outputs} outputs"
+    else:
+        field, advice, shape = "feature_columns", "choose fewer features", f"{inputs} inputs"
+    raise JobError(
+        "the model is too large",
+        {
+            field: [
+                f"This model has at least {count:,} weights ({shape}); the final model reaches "
+                f"the portal with at most {cap:,} numbers: {advice}."
+            ]
+        },
+    )
+
+
 @transaction.atomic
 def job_submit(
     *,
@@ -285,6 +315,7 @@ def job_submit(
     task, features, plans = _validate_columns(
         versions, target_column, list(feature_columns or []), list(preprocessing or [])
     )
+    _check_model_size(model_spec, task, plans)
     deadline = schedule.get("deadline")
     if deadline is not None and deadline <= timezone.now():
         raise JobError("deadline in the past", {"deadline": ["The deadline has passed."]})
