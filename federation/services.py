@@ -1241,6 +1241,58 @@ def job_stop(*, by, job_id: int) -> FederatedJob:
     return job
 
 
+def _resume_privacy_charge(job: FederatedJob, rnd: int) -> None:
+    """Charge a DP job (locked) for the rounds after checkpoint ``rnd`` that its failed run
+    already released and its resumed run trains again: each was a noisy global model sent to
+    every site and reported here, so the new run's rounds are further releases. Their ε
+    (``privacy_budget.job_epsilon`` over those rounds) is added to ``job.epsilon`` (basic
+    composition, as across jobs) with a ``privacy`` ledger leaf of figures. Raises ``JobError``
+    with the figures when that would take a chosen dataset over the project's budget."""
+    from django.db.models import Max
+
+    from federation import privacy_budget
+    from federation.privacy import PrivacyError
+    from sandbox.models import PrivacyBudget
+
+    if job.epsilon is None or (job.privacy or {}).get("dp", "off") == "off":
+        return
+    last = RoundMetric.objects.filter(job=job).aggregate(last=Max("round"))["last"] or 0
+    again = last - rnd
+    if again <= 0:
+        return
+    versions = [js.dataset_version for js in job.sites.select_related("dataset_version__dataset")]
+    try:
+        extra = privacy_budget.job_epsilon(job.privacy, num_rounds=again, sites=len(versions))
+    except PrivacyError as exc:
+        raise JobError(f"the job's privacy settings cannot be accounted: {exc}") from None
+    list(
+        PrivacyBudget.objects.select_for_update()
+        .filter(project=job.project, dataset_id__in=[v.dataset_id for v in versions])
+        .order_by("pk")
+    )
+    problems = privacy_budget.refusal(
+        privacy_budget.budget_figures(project=job.project, versions=versions, epsilon=extra)
+    )
+    if problems:
+        raise JobError(
+            f"resuming trains {again} round(s) again, a further release: " + " ".join(problems)
+        )
+    job.epsilon = float(job.epsilon) + extra
+    job.save(update_fields=["epsilon"])
+    _ledger(
+        "privacy",
+        job=job.pk,
+        project=job.project_id,
+        datasets=sorted(v.dataset_id for v in versions),
+        epsilon=repr(extra),
+        delta=repr(float(job.privacy["delta"])),
+        noise_multiplier=repr(float(job.privacy["noise_multiplier"])),
+        rounds=again,
+        sampling_rate="1.0",
+        resumed_from_round=rnd,
+    )
+
+
 def job_resume(*, by, job_id: int) -> FederatedJob:
     """Resume a FAILED job (its ServerApp crashed or was stopped mid-job) from its latest round
     checkpoint with a new Flower run; the job keeps its id, rounds and accounting.
@@ -1250,9 +1302,11 @@ def job_resume(*, by, job_id: int) -> FederatedJob:
     ``earlier_runs``; rounds after ``k`` (posted before the checkpoint was written) are deleted,
     as the new run trains them again; the sites still training at the checkpoint are pending
     again; ``callback_seq`` starts again (the new run signs with its own key, so the old run's
-    events cannot be replayed). Audited as ``job.resume``; the launch is queued on commit.
+    events cannot be replayed). Audited as ``job.resume``; the launch is queued on commit. A DP
+    job is charged the ε of the rounds it trains again (``_resume_privacy_charge``).
     Raises ``JobError`` for a user who is not the job's submitter, a job that is not FAILED or
-    has its final results, or one with no checkpoint (or a model store that cannot be read).
+    has its final results, or one with no checkpoint (or a model store that cannot be read), and
+    for a DP job whose rounds trained again would exceed a dataset's ε budget (with the figures).
     """
     job = FederatedJob.objects.select_related("project").get(pk=job_id)
     if not can(by, "job.resume", job):
@@ -1273,6 +1327,7 @@ def job_resume(*, by, job_id: int) -> FederatedJob:
                 "the job has no round checkpoint to resume from (it failed before its first "
                 "round was saved): submit it again"
             )
+        _resume_privacy_charge(job, rnd)
         earlier = job.flower_run_id
         job.earlier_runs = [*job.earlier_runs, earlier] if earlier else list(job.earlier_runs)
         job.flower_run_id = ""
