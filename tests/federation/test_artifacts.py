@@ -333,6 +333,25 @@ def test_a_trees_job_is_not_exportable_yet_and_its_card_page_and_files_say_so(cl
     assert skops.status_code == 404 and weights.status_code == 404
 
 
+def test_model_card_of_a_dp_job_states_its_epsilon_and_delta(client, world):
+    """The card read ε from ``final_metrics["privacy"]``, which nothing writes: a DP job's card
+    said "no differential privacy". The job's ε (charged at submission and on resume) is it."""
+    dp = {"dp": "client", "noise_multiplier": 2.0, "clipping_norm": 1.0, "delta": 1e-6}
+    FederatedJob.objects.filter(pk=world["job"].pk).update(privacy=dp, epsilon=3.25)
+    world["job"].refresh_from_db()
+    fitted = _fitted()
+    _finish(world["job"], fitted, _weights(fitted))
+    client.force_login(world["researcher"])
+    url = reverse("federation:job_model_card", args=[world["job"].pk])
+
+    card = client.get(url, {"format": "json"}).json()
+    text = client.get(url).content.decode()
+
+    assert (card["epsilon"], card["delta"]) == (3.25, 1e-6)
+    assert card["privacy"] == {"dp": "client", "noise_multiplier": 2.0, "clipping_norm": 1.0}
+    assert "ε = 3.25 at δ = 0.000001" in text and "no differential privacy" not in text
+
+
 # --- resuming a failed job ---------------------------------------------------------------------
 
 
