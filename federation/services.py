@@ -1469,7 +1469,9 @@ def release_request(*, by, job):
 
 @transaction.atomic
 def release_decide(*, by, release_id: int, site, approve: bool, reason: str = ""):
-    """A data steward of ``site``'s institution approves or refuses (with a reason) the release."""
+    """A data steward of ``site``'s institution approves or refuses (with a reason) the release.
+    A steward who asked for it, submitted the job or is in its project may refuse but not approve
+    (``ReleaseError``: another steward of the site decides)."""
     release = (
         ModelRelease.objects.select_for_update().select_related("job__project").get(pk=release_id)
     )
@@ -1477,6 +1479,14 @@ def release_decide(*, by, release_id: int, site, approve: bool, reason: str = ""
         raise ReleaseError("this site did not take part in the job")
     if not by.memberships.filter(institution=site.institution, role=Role.DATA_STEWARD).exists():
         raise ReleaseError("only a data steward of the site's institution decides")
+    if approve and (
+        by.pk in {release.requested_by_id, release.job.submitted_by_id}
+        or can(by, "project.view", release.job.project)
+    ):  # four eyes: nobody approves the output of their own project
+        raise ReleaseError(
+            "you are in this job's project, so you cannot approve its release: another data "
+            "steward of the site decides"
+        )
     if release.status != ReleaseStatus.PENDING:
         raise ReleaseError(f"the release is already {release.get_status_display().lower()}")
     if not approve and not reason.strip():
