@@ -144,7 +144,10 @@ def model_card(job) -> dict:
             estimator(job)
     except (ExportError, ArtifactError) as exc:
         exportable, why = False, str(exc)
-    privacy = final.get("privacy") or {}
+    # The job's own ε (charged at submission, and again for rounds a resume trains twice) and
+    # its settings; the ServerApp reports none.
+    privacy = dict(job.privacy or {})
+    dp_on = job.epsilon is not None and privacy.get("dp", "off") != "off"
     return {
         "job": job.pk,
         "title": job.title,
@@ -169,8 +172,13 @@ def model_card(job) -> dict:
             "pooled": final.get("metrics"),
             "baseline": final.get("baseline"),
         },
-        "epsilon": privacy.get("epsilon"),
-        "delta": privacy.get("delta"),
+        "epsilon": float(job.epsilon) if dp_on else None,
+        "delta": privacy.get("delta") if dp_on else None,
+        "privacy": (
+            {k: privacy[k] for k in ("dp", "noise_multiplier", "clipping_norm") if k in privacy}
+            if dp_on
+            else None
+        ),
         "contribution": (
             {
                 "method": contribution.get("method"),

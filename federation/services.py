@@ -206,6 +206,36 @@ def _validate_training(
     return model_spec, strategy_spec
 
 
+def _check_model_size(model_spec: dict, task: str, plans: list[contract.FeaturePlan]) -> None:
+    """Refuse (``JobError`` on ``mlp_hidden``, or ``feature_columns`` for the linear model) a model
+    whose final weights cannot reach the portal: more than ``contract.MAX_FINAL_MODEL_VALUES``
+    numbers even with one input per feature (plus its missing indicator) and the fewest outputs
+    (1 for regression, 2 classes). One-hot features and more classes only add to it."""
+    from frp_flwr.models import parameter_count
+
+    inputs = len(plans) + sum(1 for p in plans if p.indicator)
+    outputs = 1 if task == "regression" else 2
+    count = parameter_count(model_spec, num_features=inputs, num_outputs=outputs)
+    cap = contract.MAX_FINAL_MODEL_VALUES
+    if count <= cap:
+        return
+    if model_spec.get("kind") == "mlp":
+        hidden = ",".join(str(h) for h in model_spec["hidden"])
+        field, advice = "mlp_hidden", "choose fewer or narrower hidden layers"
+        shape = f"{inputs} inputs, hidden layers {hidden}, {outputs} outputs"
+    else:
+        field, advice, shape = "feature_columns", "choose fewer features", f"{inputs} inputs"
+    raise JobError(
+        "the model is too large",
+        {
+            field: [
+                f"This model has at least {count:,} weights ({shape}); the final model reaches "
+                f"the portal with at most {cap:,} numbers: {advice}."
+            ]
+        },
+    )
+
+
 @transaction.atomic
 def job_submit(
     *,
@@ -252,7 +282,8 @@ def job_submit(
     ``privacy`` (optional): the ``frp_flwr.contract.Privacy`` dict (``dp`` off when absent). With
     dp on, the job's ε is computed (``federation.privacy_budget``) and stored on the job and in a
     ledger leaf; a job whose ε would exceed any chosen dataset's budget for the project is
-    refused with the figures (spent, this job, budget).
+    refused with the figures (spent, this job, budget); so is a job with dp off on a dataset
+    that has a budget for the project (its ε would be unbounded).
     """
     schedule = dict(schedule or {})
     if not can(by, "job.submit", project):
@@ -284,6 +315,7 @@ def job_submit(
     task, features, plans = _validate_columns(
         versions, target_column, list(feature_columns or []), list(preprocessing or [])
     )
+    _check_model_size(model_spec, task, plans)
     deadline = schedule.get("deadline")
     if deadline is not None and deadline <= timezone.now():
         raise JobError("deadline in the past", {"deadline": ["The deadline has passed."]})
@@ -374,13 +406,31 @@ def job_submit(
 
 def _privacy_check(project, versions, privacy: dict | None, num_rounds: int):
     """``(settings, ε)`` of a job's privacy (``({}, None)`` with dp off). Raises ``JobError``
-    for settings the contract refuses, and for a job over a steward's ε budget, with the figures.
+    for settings the contract refuses, for a job over a steward's ε budget, with the figures, and
+    for a job without dp on a dataset that has a budget (its ε would be unbounded).
     The budget rows are locked so two submissions cannot both spend the last of a budget."""
     from federation import privacy_budget
     from federation.privacy import PrivacyError
     from sandbox.models import PrivacyBudget
 
     if not privacy or privacy.get("dp", "off") == "off":
+        # Without dp a job's ε is unbounded: a steward's budget on a chosen dataset needs dp on.
+        budgets = sandbox_selectors.privacy_budgets(
+            project=project, dataset_ids=[v.dataset_id for v in versions]
+        )
+        if budgets:
+            names = {v.dataset_id: str(v.dataset) for v in versions}
+            raise JobError(
+                "a privacy budget needs differential privacy",
+                {
+                    "dp": [
+                        f"{names[d]}: the data steward set this project a privacy budget "
+                        f"(budget {eps:.3g}); a job on it must use differential privacy, "
+                        "whose ε is counted against it."
+                        for d, eps in sorted(budgets.items())
+                    ]
+                },
+            )
         return {}, None
     try:
         settings_ = {  # the differential-privacy settings (SecAgg+ is the job's own field)
@@ -392,9 +442,9 @@ def _privacy_check(project, versions, privacy: dict | None, num_rounds: int):
     except (contract.ContractError, PrivacyError) as exc:
         raise JobError(str(exc), {"dp": [str(exc)]}) from None
     list(
-        PrivacyBudget.objects.select_for_update().filter(
-            project=project, dataset_id__in=[v.dataset_id for v in versions]
-        )
+        PrivacyBudget.objects.select_for_update()
+        .filter(project=project, dataset_id__in=[v.dataset_id for v in versions])
+        .order_by("pk")  # one lock order for every submission: no deadlock between two
     )
     problems = privacy_budget.refusal(
         privacy_budget.budget_figures(project=project, versions=versions, epsilon=epsilon)
@@ -1191,6 +1241,58 @@ def job_stop(*, by, job_id: int) -> FederatedJob:
     return job
 
 
+def _resume_privacy_charge(job: FederatedJob, rnd: int) -> None:
+    """Charge a DP job (locked) for the rounds after checkpoint ``rnd`` that its failed run
+    already released and its resumed run trains again: each was a noisy global model sent to
+    every site and reported here, so the new run's rounds are further releases. Their ε
+    (``privacy_budget.job_epsilon`` over those rounds) is added to ``job.epsilon`` (basic
+    composition, as across jobs) with a ``privacy`` ledger leaf of figures. Raises ``JobError``
+    with the figures when that would take a chosen dataset over the project's budget."""
+    from django.db.models import Max
+
+    from federation import privacy_budget
+    from federation.privacy import PrivacyError
+    from sandbox.models import PrivacyBudget
+
+    if job.epsilon is None or (job.privacy or {}).get("dp", "off") == "off":
+        return
+    last = RoundMetric.objects.filter(job=job).aggregate(last=Max("round"))["last"] or 0
+    again = last - rnd
+    if again <= 0:
+        return
+    versions = [js.dataset_version for js in job.sites.select_related("dataset_version__dataset")]
+    try:
+        extra = privacy_budget.job_epsilon(job.privacy, num_rounds=again, sites=len(versions))
+    except PrivacyError as exc:
+        raise JobError(f"the job's privacy settings cannot be accounted: {exc}") from None
+    list(
+        PrivacyBudget.objects.select_for_update()
+        .filter(project=job.project, dataset_id__in=[v.dataset_id for v in versions])
+        .order_by("pk")
+    )
+    problems = privacy_budget.refusal(
+        privacy_budget.budget_figures(project=job.project, versions=versions, epsilon=extra)
+    )
+    if problems:
+        raise JobError(
+            f"resuming trains {again} round(s) again, a further release: " + " ".join(problems)
+        )
+    job.epsilon = float(job.epsilon) + extra
+    job.save(update_fields=["epsilon"])
+    _ledger(
+        "privacy",
+        job=job.pk,
+        project=job.project_id,
+        datasets=sorted(v.dataset_id for v in versions),
+        epsilon=repr(extra),
+        delta=repr(float(job.privacy["delta"])),
+        noise_multiplier=repr(float(job.privacy["noise_multiplier"])),
+        rounds=again,
+        sampling_rate="1.0",
+        resumed_from_round=rnd,
+    )
+
+
 def job_resume(*, by, job_id: int) -> FederatedJob:
     """Resume a FAILED job (its ServerApp crashed or was stopped mid-job) from its latest round
     checkpoint with a new Flower run; the job keeps its id, rounds and accounting.
@@ -1200,11 +1302,13 @@ def job_resume(*, by, job_id: int) -> FederatedJob:
     ``earlier_runs``; rounds after ``k`` (posted before the checkpoint was written) are deleted,
     as the new run trains them again; the sites still training at the checkpoint are pending
     again; ``callback_seq`` starts again (the new run signs with its own key, so the old run's
-    events cannot be replayed). ``federation.signals.job_resumed`` is sent first, before any of
-    this (accounting records the failed run's usage then). Audited as ``job.resume``; the launch
-    is queued on commit. Raises ``JobError`` for a user who is not the job's submitter, a job
-    that is not FAILED or has its final results, one with no checkpoint (or a model store that
-    cannot be read), or one a receiver of ``job_resumed`` refuses.
+    events cannot be replayed). A DP job is charged the ε of the rounds it trains again
+    (``_resume_privacy_charge``); then ``federation.signals.job_resumed`` is sent, before the
+    failed run's metering and end are changed (accounting records the failed run's usage then).
+    Audited as ``job.resume``; the launch is queued on commit. Raises ``JobError`` for a user who
+    is not the job's submitter, a job that is not FAILED or has its final results, one with no
+    checkpoint (or a model store that cannot be read), a DP job whose rounds trained again would
+    exceed a dataset's ε budget (with the figures), or one a receiver of ``job_resumed`` refuses.
     """
     job = FederatedJob.objects.select_related("project").get(pk=job_id)
     if not can(by, "job.resume", job):
@@ -1225,6 +1329,7 @@ def job_resume(*, by, job_id: int) -> FederatedJob:
                 "the job has no round checkpoint to resume from (it failed before its first "
                 "round was saved): submit it again"
             )
+        _resume_privacy_charge(job, rnd)
         # Before the failed run's metering and end are changed: the floors above account for it
         # first (a receiver may refuse with JobError; the transaction then writes nothing).
         job_resumed.send(sender=FederatedJob, job=job, from_round=rnd)
@@ -1368,7 +1473,9 @@ def release_request(*, by, job):
 
 @transaction.atomic
 def release_decide(*, by, release_id: int, site, approve: bool, reason: str = ""):
-    """A data steward of ``site``'s institution approves or refuses (with a reason) the release."""
+    """A data steward of ``site``'s institution approves or refuses (with a reason) the release.
+    A steward who asked for it, submitted the job or is in its project may refuse but not approve
+    (``ReleaseError``: another steward of the site decides)."""
     release = (
         ModelRelease.objects.select_for_update().select_related("job__project").get(pk=release_id)
     )
@@ -1376,6 +1483,14 @@ def release_decide(*, by, release_id: int, site, approve: bool, reason: str = ""
         raise ReleaseError("this site did not take part in the job")
     if not by.memberships.filter(institution=site.institution, role=Role.DATA_STEWARD).exists():
         raise ReleaseError("only a data steward of the site's institution decides")
+    if approve and (
+        by.pk in {release.requested_by_id, release.job.submitted_by_id}
+        or can(by, "project.view", release.job.project)
+    ):  # four eyes: nobody approves the output of their own project
+        raise ReleaseError(
+            "you are in this job's project, so you cannot approve its release: another data "
+            "steward of the site decides"
+        )
     if release.status != ReleaseStatus.PENDING:
         raise ReleaseError(f"the release is already {release.get_status_display().lower()}")
     if not approve and not reason.strip():

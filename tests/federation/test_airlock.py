@@ -102,6 +102,25 @@ def test_one_refusal_refuses_the_release(world):
     assert release.status == ReleaseStatus.REFUSED
 
 
+def test_a_steward_in_the_jobs_project_cannot_approve_its_release(world):
+    """A data steward who is also in the job's project (here the PI, who asked for the release)
+    would check their own output: another steward of the site approves."""
+    site = _sites(world)[0]
+    Membership.objects.create(
+        user=world["researcher"], institution=site.institution, role=Role.DATA_STEWARD
+    )
+    member = ProjectMemberFactory(project=world["project"], role=ProjectRole.MEMBER).user
+    Membership.objects.create(user=member, institution=site.institution, role=Role.DATA_STEWARD)
+    release = services.release_request(by=world["researcher"], job=world["job"])
+
+    for by in (world["researcher"], member):
+        with pytest.raises(services.ReleaseError, match="another data steward"):
+            services.release_decide(by=by, release_id=release.pk, site=site, approve=True)
+    assert not release.decisions.exists()
+    services.release_decide(by=world["stewards"][0], release_id=release.pk, site=site, approve=True)
+    assert release.decisions.count() == 1
+
+
 def test_steward_of_other_site_cannot_decide(world):
     release = services.release_request(by=world["researcher"], job=world["job"])
     with pytest.raises(services.ReleaseError, match="data steward"):

@@ -26,6 +26,7 @@ from federation.models import (
     SiteRoundMetric,
 )
 from frp_flwr import checkpoints, contract, preprocess, task
+from portal.ledger.models import LedgerEntry
 from portal.models import AuditEvent, Membership, ProjectRole, Role
 from sandbox.storage import store_from_url
 from tests.factories import DatasetVersionFactory, ProjectFactory, ProjectMemberFactory, UserFactory
@@ -332,6 +333,25 @@ def test_a_trees_job_is_not_exportable_yet_and_its_card_page_and_files_say_so(cl
     assert skops.status_code == 404 and weights.status_code == 404
 
 
+def test_model_card_of_a_dp_job_states_its_epsilon_and_delta(client, world):
+    """The card read ε from ``final_metrics["privacy"]``, which nothing writes: a DP job's card
+    said "no differential privacy". The job's ε (charged at submission and on resume) is it."""
+    dp = {"dp": "client", "noise_multiplier": 2.0, "clipping_norm": 1.0, "delta": 1e-6}
+    FederatedJob.objects.filter(pk=world["job"].pk).update(privacy=dp, epsilon=3.25)
+    world["job"].refresh_from_db()
+    fitted = _fitted()
+    _finish(world["job"], fitted, _weights(fitted))
+    client.force_login(world["researcher"])
+    url = reverse("federation:job_model_card", args=[world["job"].pk])
+
+    card = client.get(url, {"format": "json"}).json()
+    text = client.get(url).content.decode()
+
+    assert (card["epsilon"], card["delta"]) == (3.25, 1e-6)
+    assert card["privacy"] == {"dp": "client", "noise_multiplier": 2.0, "clipping_norm": 1.0}
+    assert "ε = 3.25 at δ = 0.000001" in text and "no differential privacy" not in text
+
+
 # --- resuming a failed job ---------------------------------------------------------------------
 
 
@@ -386,6 +406,52 @@ def test_resume_requeues_the_job_from_its_checkpoint_and_keeps_its_history(
     event = AuditEvent.objects.get(action="job.resume")
     assert event.actor_id == world["researcher"].pk
     assert len(queued) == 1  # the launch task
+
+
+DP = {"dp": "server", "noise_multiplier": 1.0, "clipping_norm": 1.0, "delta": 1e-5}
+
+
+def _dp_job(world, model_store):
+    from federation import privacy_budget
+
+    job = _failed_with_checkpoint(world, model_store)  # rounds 1–3 posted, checkpoint after 2
+    eps = privacy_budget.job_epsilon(DP, num_rounds=job.num_rounds, sites=2)
+    FederatedJob.objects.filter(pk=job.pk).update(privacy=DP, epsilon=eps)
+    job.refresh_from_db()
+    return job, eps
+
+
+def test_resume_of_a_dp_job_charges_the_rounds_it_trains_again(world, model_store):
+    """Round 3 of the failed run was noised, sent to every site and reported; the resumed run
+    trains round 3 again: a second release, charged to the job's ε and its ledger leaf."""
+    from federation import privacy
+
+    job, before = _dp_job(world, model_store)
+
+    services.job_resume(by=world["researcher"], job_id=job.pk)
+
+    job.refresh_from_db()
+    again = privacy.epsilon(noise_multiplier=1.0, rounds=1, delta=1e-5)
+    assert job.epsilon == pytest.approx(before + again)
+    leaf = json.loads(LedgerEntry.objects.filter(kind="privacy").latest("index").data)
+    assert leaf["job"] == job.pk and leaf["rounds"] == 1 and float(leaf["epsilon"]) == again
+    assert leaf["resumed_from_round"] == 2
+
+
+def test_resume_of_a_dp_job_over_the_budget_is_refused_with_the_figures(world, model_store):
+    from sandbox.models import PrivacyBudget
+
+    job, before = _dp_job(world, model_store)
+    dataset = world["versions"][0].dataset
+    PrivacyBudget.objects.create(project=world["project"], dataset=dataset, epsilon=before * 1.01)
+
+    with pytest.raises(services.JobError, match="would exceed the project's budget") as err:
+        services.job_resume(by=world["researcher"], job_id=job.pk)
+
+    assert f"spent {before:.3g}" in str(err.value)
+    job.refresh_from_db()
+    assert (job.status, job.epsilon) == (JobStatus.FAILED, before)
+    assert job.round_metrics.count() == 3
 
 
 def test_resume_is_refused_without_a_checkpoint_for_others_and_for_a_live_job(world, model_store):

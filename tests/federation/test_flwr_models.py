@@ -269,3 +269,15 @@ def test_describe_model_names_kind_and_hyper_parameters():
     assert models.describe_model(
         models.read_model_spec({"kind": "mlp", "hidden": [64, 32], "activation": "tanh"})
     ) == ("multilayer perceptron (hidden 64×32, tanh, dropout 0, L2 0.0001)")
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [{"kind": "linear"}, {"kind": "mlp", "hidden": [7, 3]}, {"kind": "mlp", "hidden": [5]}],
+)
+def test_parameter_count_is_the_number_of_numbers_init_params_draws(spec):
+    from frp_flwr.models import model_for, parameter_count
+
+    params = model_for(spec).init_params(4, 3)
+    assert parameter_count(spec, num_features=4, num_outputs=3) == sum(p.size for p in params)
+    assert parameter_count({"kind": "xgboost"}, num_features=4, num_outputs=3) == 0

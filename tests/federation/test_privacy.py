@@ -68,6 +68,20 @@ def test_accountant_subsampling_lowers_epsilon_and_more_rounds_raise_it():
     assert privacy.epsilon(noise_multiplier=1.0, rounds=20, delta=1e-5) > full
 
 
+@pytest.mark.parametrize("noise, rounds", [(0.01, 100), (0.01, 1), (0.3, 100)])
+def test_accountant_small_noise_over_many_rounds_is_exact_and_immediate(noise, rounds):
+    """The form allows σ down to 0.01 and 100 rounds: the PLD grid for these took minutes and
+    gigabytes (σ = 0.01, 100 rounds: ``MemoryError``, a 500 on the ε preview). With every site
+    in every round the composition is one Gaussian mechanism of σ/√R, computed exactly."""
+    mu = math.sqrt(rounds) / noise
+    got = privacy.epsilon(noise_multiplier=noise, rounds=rounds, delta=1e-5)
+    # δ(ε) of the Gaussian mechanism at the returned ε is the asked δ (log space: ε is huge)
+    log_delta = norm.logcdf(-got / mu + mu / 2) + math.log1p(
+        -math.exp(got + norm.logcdf(-got / mu - mu / 2) - norm.logcdf(-got / mu + mu / 2))
+    )
+    assert log_delta == pytest.approx(math.log(1e-5), abs=1e-6)
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -180,6 +194,27 @@ def test_submit_over_a_budget_is_refused_with_spent_this_job_and_budget(world, s
     assert FederatedJob.objects.count() == 1
 
 
+def test_a_job_without_dp_on_a_dataset_with_a_budget_is_refused_with_the_budget(world, settings):
+    """Without differential privacy a job's ε is unbounded: it would take any budget, so a
+    steward's budget on a chosen dataset requires dp on."""
+    settings.CELERY_TASK_ALWAYS_EAGER = False
+    _budget(world, world["versions"][1].dataset, epsilon=2.0)
+    with pytest.raises(services.JobError) as err:
+        services.job_submit(
+            by=world["pi"],
+            project=world["project"],
+            dataset_versions=world["versions"],
+            title="no dp",
+            target_column="label",
+            num_rounds=3,
+            privacy={"dp": "off"},
+        )
+    (message,) = err.value.field_errors["dp"]
+    assert world["versions"][1].dataset.title in message
+    assert "budget 2" in message and "differential privacy" in message
+    assert FederatedJob.objects.count() == 0
+
+
 def test_a_job_that_ended_without_a_round_spent_nothing(world, settings):
     settings.CELERY_TASK_ALWAYS_EAGER = False
     one = gaussian_epsilon(1.0, 3, 1e-5)
@@ -221,6 +256,14 @@ def test_form_preview_partial_shows_the_accountants_epsilon(pi_client, world):
     shown = float(re.search(r'data-epsilon="([0-9.e+-]+)"', response.content.decode()).group(1))
     assert shown == pytest.approx(gaussian_epsilon(1.0, 4, 1e-5), rel=1e-6)
     assert "4 rounds, 2 sites each round" in _text(response)
+
+
+def test_form_preview_with_the_smallest_noise_and_most_rounds_answers(pi_client, world):
+    data = _form_data(world, num_rounds=100) | DP | {"privacy-noise_multiplier": "0.01"}
+    response = pi_client.post("/jobs/new/privacy/", data)
+    assert response.status_code == 200
+    shown = float(re.search(r'data-epsilon="([0-9.e+-]+)"', response.content.decode()).group(1))
+    assert shown > 1e5  # no privacy to speak of, and said so
 
 
 def test_form_preview_shows_the_budget_figures(pi_client, world):

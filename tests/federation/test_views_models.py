@@ -4,6 +4,8 @@ bad values shown inline, named on the job page and the credit statement (ADR 002
 # ruff: noqa: F811 — the fixtures imported from test_views are redefined as arguments
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from federation import services
@@ -160,3 +162,34 @@ def test_job_page_of_an_old_job_says_logistic_regression_and_fedavg(pi_client, w
 
     assert "Logistic (softmax) regression" in page
     assert '<dd class="col-6" id="job-strategy">FedAvg</dd>' in page
+
+
+@pytest.mark.parametrize("hidden", ["1024,1024", "1024,1024,1024,1024", "400,300"])
+def test_job_form_an_mlp_too_large_for_the_final_model_is_refused_inline(pi_client, world, hidden):
+    """The final model reaches the portal in the signed ``finished`` event, at most
+    ``contract.MAX_FINAL_MODEL_VALUES`` numbers: a larger MLP trained every round and then
+    failed at the end (and held every round's weights of every site in the ServerApp)."""
+    response = pi_client.post("/jobs/new/", _form_data(world, model_kind="mlp", mlp_hidden=hidden))
+
+    assert response.status_code == 200
+    block = _field_block(response.content.decode(), "id_mlp_hidden")
+    assert f"{contract.MAX_FINAL_MODEL_VALUES:,} numbers" in block and "at least" in block
+    assert FederatedJob.objects.count() == 0
+
+
+def test_job_form_the_largest_mlp_that_fits_the_final_model_is_accepted(
+    pi_client, world, fake_superlink, eager_celery
+):
+    response = pi_client.post(
+        "/jobs/new/", _form_data(world, model_kind="mlp", mlp_hidden="256,256")
+    )
+
+    assert response.status_code == 302
+    assert FederatedJob.objects.get().model_spec["hidden"] == [256, 256]
+
+
+def test_final_model_values_fit_the_callback_body():
+    """Every number of the final model, at its longest JSON spelling, fits the event's bytes."""
+    longest = len(json.dumps(-2.2250738585072014e-308)) + 1  # a comma after each
+    assert contract.MAX_FINAL_MODEL_VALUES * longest < contract.MAX_EVENT_BYTES
+    assert contract.MAX_FINAL_MODEL_VALUES <= contract.MAX_MODEL_VALUES

@@ -44,6 +44,11 @@ MAX_ROUNDS = 100
 MAX_TEXT = 4000
 #: Most numbers in a final model (all layers).
 MAX_MODEL_VALUES = 100_000
+#: Most numbers a job's model may have: its final model travels in the ``finished`` event, whose
+#: body is at most ``MAX_EVENT_BYTES``; a float takes at most 24 characters of JSON and a comma,
+#: so 80,000 of them leave about 95 kB for the rest of the event. The portal refuses a larger
+#: model at submission (it would train every round, then fail to report).
+MAX_FINAL_MODEL_VALUES = 80_000
 #: Most coalition utilities in a contribution event (all rounds).
 MAX_UTILITIES = 20_000
 #: Largest count (examples, bytes): a signed 64-bit integer.

@@ -71,6 +71,18 @@ def describe_model(spec: Mapping[str, Any], *, task: str = "classification") -> 
 # ---------------------------------------------------------------------------------------------
 
 
+def parameter_count(spec: Mapping[str, Any], *, num_features: int, num_outputs: int) -> int:
+    """The numbers in a model of ``spec`` with ``num_features`` inputs and ``num_outputs``
+    outputs (classes; 1 for regression): weights and biases of every layer (the shapes of
+    ``init_params``). Trees: 0 (a booster is bytes, not weights)."""
+    kind = dict(spec or {}).get("kind", "linear")
+    if kind in TREE_KINDS:
+        return 0
+    hidden = list(read_model_spec(spec)["hidden"]) if kind == "mlp" else []
+    sizes = [max(0, num_features), *hidden, max(1, num_outputs)]
+    return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+
+
 def _softmax(z: np.ndarray) -> np.ndarray:
     z = z - z.max(axis=1, keepdims=True)
     e = np.exp(z)
