@@ -9,9 +9,26 @@ import tempfile
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/frp")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
+# pytest-xdist (scripts/test.sh runs the suite with -n): worker gwN gets Redis db (the URL's db − N),
+# as its federation fixtures flush their broker's db and its Celery workers must not take another
+# worker's tasks; the test database is per process already (below).
+_XDIST = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _XDIST.startswith("gw") and not os.environ.get("_FRP_XDIST_BROKER_SET"):
+    _base, _, _db = os.environ["CELERY_BROKER_URL"].rpartition("/")
+    _n = int(_XDIST[2:])
+    if not _db.isdigit() or int(_db) < _n:
+        raise RuntimeError(
+            f"CELERY_BROKER_URL must end in a Redis db number of at least {_n} for xdist worker "
+            f"{_XDIST} (it uses db − {_n})"
+        )
+    os.environ["CELERY_BROKER_URL"] = f"{_base}/{int(_db) - _n}"
+    os.environ["_FRP_XDIST_BROKER_SET"] = "1"  # once per process, however often settings load
 # Tests point every store, queue and federation at their own temporary folders; this one is only
 # the settings' default and is shared by runs rather than created anew at every settings load.
-os.environ.setdefault("FRP_VAR_DIR", os.path.join(tempfile.gettempdir(), "frp-test-var"))
+os.environ.setdefault(
+    "FRP_VAR_DIR",
+    os.path.join(tempfile.gettempdir(), f"frp-test-var{'-' + _XDIST if _XDIST else ''}"),
+)
 
 from portal.settings import *  # noqa: E402,F403
 

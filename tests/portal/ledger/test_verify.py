@@ -7,7 +7,7 @@ from io import StringIO
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from django.core.management import CommandError, call_command, execute_from_command_line
+from django.core.management import CommandError, call_command
 
 from portal.ledger import checkpoint as notes
 from portal.ledger.leaves import canonical_json
@@ -164,12 +164,20 @@ def test_ledger_verify_finds_a_checkpoint_row_that_disagrees_with_its_note():
     assert "FAILED at index 4: checkpoint 10: the signed note names another" in _failure()
 
 
-def test_ledger_verify_exits_non_zero_from_the_command_line(capsys):
+def test_ledger_verify_exits_non_zero_from_the_command_line(monkeypatch):
+    # The command's own command-line path (``run_from_argv``: CommandError → exit 1 on stderr).
+    # Not ``execute_from_command_line``: it runs ``django.setup()`` again, whose logging
+    # configuration binds a handler to the captured stderr of this test, closed after it, and
+    # every later test of the process (a pytest-xdist worker) then failed on that closed file.
+    from portal.management.commands.ledger_verify import Command
+
     _ledger(6, checkpoints=(6,))
     raw_sql("UPDATE portal_ledgerentry SET data = data || ' ' WHERE index = 2")
+    err = StringIO()
+    monkeypatch.setattr("sys.stderr", err)
 
     with pytest.raises(SystemExit) as caught:
-        execute_from_command_line(["manage.py", "ledger_verify"])
+        Command().run_from_argv(["manage.py", "ledger_verify"])
 
     assert caught.value.code == 1
-    assert "FAILED at index 2" in capsys.readouterr().err
+    assert "FAILED at index 2" in err.getvalue()
