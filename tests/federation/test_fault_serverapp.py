@@ -9,7 +9,6 @@ accuracy of an uninterrupted job on the same data (same seeds).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 from pathlib import Path
@@ -48,17 +47,6 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _freeze_sites(world) -> list[int]:
-    """SIGSTOP every SuperNode of this world with its SuperExec and ClientApps; their pids."""
-    frozen = []
-    for pid in world.federation.supernodes.values():
-        for p in [pid, *_descendants(pid)]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p, signal.SIGSTOP)
-                frozen.append(p)
-    return frozen
-
-
 def _serverapps(world) -> list[int]:
     """The ``flwr-serverapp`` processes under this world's SuperLink (never another test's)."""
     found = []
@@ -87,23 +75,15 @@ def test_serverapp_killed_mid_job_is_resumed_and_completes_as_an_uninterrupted_j
 
         job = fs.submit(world, title="killed and resumed", num_rounds=ROUNDS)
         pk = job.pk
-        pids = wait_for(lambda: _serverapps(world), timeout=600, what="the ServerApp process")
         wait_for(
             lambda: artifacts.checkpoint_round(fs.job(pk)) >= 2,
             timeout=600,
             interval=0.2,
             what="the round 2 checkpoint",
         )
-        # The sites are frozen first, so no further round can end between the checkpoint seen
-        # and the kill, however loaded the machine (at most the round in flight: saved ≤ 3).
-        frozen = _freeze_sites(world)
-        try:
-            for pid in pids:
-                os.kill(pid, signal.SIGKILL)
-        finally:
-            for pid in frozen:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
+        pids = wait_for(lambda: _serverapps(world), timeout=60, what="the ServerApp process")
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
         first_run = fs.job(pk).flower_run_id
         failed = fs.wait_terminal(pk, timeout=600, world=world)
         assert failed.status == JobStatus.FAILED, failed.status_detail
