@@ -46,7 +46,7 @@ from portal.ledger.models import LedgerEntry
 from portal.models import AuditEvent
 from sandbox.storage import store_from_url
 from tests.accounting.job_world import utilities_event
-from tests.accounting.steps_world import FULL, build_steps_world, hand_off_lost
+from tests.accounting.steps_world import FULL, _metering, build_steps_world, hand_off_lost
 from tests.federation.callback_support import record
 
 pytestmark = pytest.mark.django_db
@@ -60,19 +60,6 @@ STEP_NAMES = ("usage", "contribution", "billing", "credit")
 def world(db, settings, tmp_path, eager_celery):
     settings.FRP_MODEL_STORE_URL = (tmp_path / "model-store").as_uri()
     return build_steps_world()
-
-
-def _metering(wall: float) -> dict:
-    return {
-        "ok": True,
-        "train_examples": 40,
-        "eval_examples": 10,
-        "cpu_seconds": wall / 2,
-        "wall_seconds": wall,
-        "bytes_received": 1700,
-        "bytes_sent": 850,
-        "error": "",
-    }
 
 
 def _post(job, event: str, **payload) -> None:
