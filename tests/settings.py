@@ -4,8 +4,11 @@ PostgreSQL on 127.0.0.1:5432 and Redis db 15 on 127.0.0.1:6379 unless ``DATABASE
 ``CELERY_BROKER_URL`` say otherwise. Loaded by pytest-django (see ``pyproject.toml``).
 """
 
+import atexit
 import os
+import shutil
 import tempfile
+from pathlib import Path
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/frp")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
@@ -29,6 +32,18 @@ os.environ.setdefault(
     "FRP_VAR_DIR",
     os.path.join(tempfile.gettempdir(), f"frp-test-var{'-' + _XDIST if _XDIST else ''}"),
 )
+
+# The model store (round checkpoints, final models) is keyed by job id, and each test run's
+# database counts job ids from 1 again: a store shared by runs hands a new job 2 the round
+# checkpoints of an earlier run's job 2. One store per run (and per xdist worker), named in the
+# environment so the worker, SuperLink and ServerApps this process starts use the same one.
+if _XDIST:
+    _models = f"frp-test-models-{os.environ.get('PYTEST_XDIST_TESTRUNUID', 'run')}-{_XDIST}"
+    os.environ["FRP_MODEL_STORE_URL"] = Path(tempfile.gettempdir(), _models).as_uri()
+elif "FRP_MODEL_STORE_URL" not in os.environ:
+    _models = tempfile.mkdtemp(prefix="frp-test-models-")
+    os.environ["FRP_MODEL_STORE_URL"] = Path(_models).as_uri()
+    atexit.register(shutil.rmtree, _models, ignore_errors=True)
 
 from portal.settings import *  # noqa: E402,F403
 
