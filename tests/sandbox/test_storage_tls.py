@@ -155,3 +155,12 @@ def test_portal_model_store_and_serverapp_checkpoints_over_tls(seaweed_s3_tls, s
         assert artifacts.model_store().get_bytes(key) == b'{"round": 2}'
     finally:
         artifacts.model_store().delete(key)
+
+
+@pytest.mark.integration
+def test_tls_to_a_plain_http_port_fails(seaweed_s3, tmp_path):
+    ca = pki.ca_create(tmp_path / "ca")
+    store = store_from_url(_url(seaweed_s3, ca=ca.cert))
+    with pytest.raises(StorageError, match=r"TLS handshake with .* failed.*HTTPS server") as info:
+        store.check()
+    assert seaweed_s3.endpoint in str(info.value)
