@@ -317,12 +317,15 @@ FRP_CALLBACK_BASE_URL = env.str("FRP_CALLBACK_BASE_URL", default="http://127.0.0
 # embedded default: runserver on loopback), or with FRP_CALLBACK_ALLOW_HTTP=True for a link that
 # never leaves the portal's host (compose: the ServerApps post to gunicorn on the stack's network).
 FRP_CALLBACK_ALLOW_HTTP = env.bool("FRP_CALLBACK_ALLOW_HTTP", default=False)
-_callback_scheme = urlsplit(FRP_CALLBACK_BASE_URL).scheme.lower()
-if _callback_scheme not in ("http", "https") or not urlsplit(FRP_CALLBACK_BASE_URL).hostname:
+# (the ServerApp's Reporter takes lower-case http:// and https:// only)
+if (
+    not FRP_CALLBACK_BASE_URL.startswith(("http://", "https://"))
+    or not urlsplit(FRP_CALLBACK_BASE_URL).hostname
+):
     raise ImproperlyConfigured(
         f"FRP_CALLBACK_BASE_URL must be an https:// URL, not {FRP_CALLBACK_BASE_URL[:60]!r}"
     )
-if _callback_scheme == "http" and not DEBUG and not FRP_CALLBACK_ALLOW_HTTP:
+if FRP_CALLBACK_BASE_URL.startswith("http://") and not DEBUG and not FRP_CALLBACK_ALLOW_HTTP:
     raise ImproperlyConfigured(
         f"FRP_CALLBACK_BASE_URL={FRP_CALLBACK_BASE_URL[:60]} is plain HTTP: outside DEBUG the "
         "ServerApp's callbacks (a job's results) go over https://; set FRP_CALLBACK_ALLOW_HTTP=True "
