@@ -7,6 +7,7 @@ the filesystem transport, one store directory per site under ``FRP_VAR_DIR``. Pr
 
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import environ
 from celery.schedules import crontab
@@ -311,6 +312,25 @@ FRP_FLWR_APP_DIR = BASE_DIR / "federation" / "flwr_app"
 FRP_FEDERATION_DIR = Path(env.str("FRP_FEDERATION_DIR", default=str(VAR_DIR / "federation")))
 # The URL the ServerApp posts round metrics to (signed, see federation/callbacks.py).
 FRP_CALLBACK_BASE_URL = env.str("FRP_CALLBACK_BASE_URL", default="http://127.0.0.1:8000")
+# The callback link is TLS (issue 13): https://, verified by the ServerApp against
+# FRP_CALLBACK_CA_FILE in the SuperLink's environment. Plain http:// only while DEBUG (the
+# embedded default: runserver on loopback), or with FRP_CALLBACK_ALLOW_HTTP=True for a link that
+# never leaves the portal's host (compose: the ServerApps post to gunicorn on the stack's network).
+FRP_CALLBACK_ALLOW_HTTP = env.bool("FRP_CALLBACK_ALLOW_HTTP", default=False)
+# (the ServerApp's Reporter takes lower-case http:// and https:// only)
+if (
+    not FRP_CALLBACK_BASE_URL.startswith(("http://", "https://"))
+    or not urlsplit(FRP_CALLBACK_BASE_URL).hostname
+):
+    raise ImproperlyConfigured(
+        f"FRP_CALLBACK_BASE_URL must be an https:// URL, not {FRP_CALLBACK_BASE_URL[:60]!r}"
+    )
+if FRP_CALLBACK_BASE_URL.startswith("http://") and not DEBUG and not FRP_CALLBACK_ALLOW_HTTP:
+    raise ImproperlyConfigured(
+        f"FRP_CALLBACK_BASE_URL={FRP_CALLBACK_BASE_URL[:60]} is plain HTTP: outside DEBUG the "
+        "ServerApp's callbacks (a job's results) go over https://; set FRP_CALLBACK_ALLOW_HTTP=True "
+        "only for a link that never leaves the portal's host"
+    )
 # The platform callback key (ADR 0014): held by the portal and the SuperLink's environment only.
 # Empty: the key file below, created (mode 0600, folder 0700) on first use.
 FRP_CALLBACK_KEY = env.str("FRP_CALLBACK_KEY", default="")

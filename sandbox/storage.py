@@ -17,6 +17,12 @@ Contract (``ObjectStore``), the same for every backend:
 Backends: ``FilesystemStore`` (one directory per site, mode 0700 — the embedded default) and
 ``S3Store`` (any S3 API via the minio SDK: MinIO, SeaweedFS, AWS). ``store_from_url`` builds one
 from ``file:///abs/path`` or ``s3://ACCESS:SECRET@host:port/bucket`` (``s3s://`` for TLS).
+
+TLS (``s3s://``, ``secure=True``): the server's certificate and host name are always verified,
+against the CA file named by ``?ca=/abs/path/ca.crt`` in the URL (``ca_file``), else
+``FRP_S3_CA_FILE``, else the system trust store (``SSL_CERT_FILE`` or certifi's bundle). A
+certificate that does not verify, or plain HTTP to a TLS port, raises ``StorageError`` saying so
+(with the CA it checked against); such failures are not retried.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import io
 import os
 import re
 import shutil
+import ssl
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Protocol, runtime_checkable
@@ -35,6 +42,11 @@ _SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 MAX_KEY_LENGTH = 512
 ENV_ACCESS_KEY = "FRP_S3_ACCESS_KEY"
 ENV_SECRET_KEY = "FRP_S3_SECRET_KEY"  # noqa: S105 - a variable name
+ENV_CA_FILE = "FRP_S3_CA_FILE"
+# What Go's HTTP server (MinIO, SeaweedFS) and nginx answer to plain HTTP on a TLS port.
+_PLAIN_TO_TLS = re.compile(
+    r"HTTP request (was )?sent to (an )?HTTPS|HTTP request to an HTTPS", re.I
+)
 
 
 class StorageError(Exception):
@@ -220,8 +232,10 @@ class _S3Reader(io.RawIOBase):
 class S3Store:
     """Objects in one bucket of an S3 API server, through the minio SDK.
 
-    ``endpoint`` is ``host:port`` (no scheme); ``secure`` selects HTTPS. The constructor makes no
-    network call; ``check()`` verifies the bucket and credentials. Raises ``StorageError``.
+    ``endpoint`` is ``host:port`` (no scheme); ``secure`` selects HTTPS, verified against
+    ``ca_file`` (a PEM CA bundle; ``None``: the system trust store). The constructor makes no
+    network call (it reads ``ca_file``); ``check()`` verifies the bucket and credentials. Raises
+    ``StorageError`` (also for ``ca_file`` without ``secure``, or an unreadable ``ca_file``).
     """
 
     def __init__(
@@ -233,6 +247,7 @@ class S3Store:
         bucket: str,
         secure: bool = False,
         region: str | None = None,
+        ca_file: Path | None = None,
     ) -> None:
         from minio import Minio  # local import: the ClientApp path rarely needs S3
 
@@ -242,9 +257,14 @@ class S3Store:
             raise StorageError("S3 bucket name is required")
         if not access_key or not secret_key:
             raise StorageError(f"S3 credentials are required for {endpoint}/{bucket}")
+        if ca_file is not None and not secure:
+            raise StorageError(
+                f"a CA file ({ca_file}) is for TLS: use s3s:// (secure=True) for {endpoint}"
+            )
         self.endpoint = endpoint
         self.bucket = bucket
         self.secure = secure
+        self.ca_file = Path(ca_file) if ca_file is not None else None
         self._http_url = f"{'https' if secure else 'http'}://{endpoint}"
         try:
             self._client = Minio(
@@ -253,6 +273,7 @@ class S3Store:
                 secret_key=secret_key,
                 secure=secure,
                 region=region,
+                http_client=_http_client(self.ca_file),
             )
         except ValueError as exc:
             raise StorageError(f"invalid S3 endpoint {endpoint!r}: {exc}") from exc
@@ -269,7 +290,7 @@ class S3Store:
         try:
             found = self._client.bucket_exists(self.bucket)
         except Exception as exc:
-            raise self._error(exc, "check bucket") from exc
+            raise self._error(exc, "check") from exc
         if not found:
             raise StorageError(self._no_bucket())
 
@@ -318,13 +339,42 @@ class S3Store:
     def _no_bucket(self) -> str:
         return f"bucket {self.bucket!r} does not exist at {self._http_url}"
 
+    def _trusted(self) -> str:
+        if self.ca_file is not None:
+            return f"the CA file {self.ca_file}"
+        return (
+            f"the system trust store (name the CA with ?ca=/path/ca.crt in the s3s:// URL "
+            f"or {ENV_CA_FILE})"
+        )
+
     def _error(self, exc: Exception, action: str, key: str | None = None) -> StorageError:
-        from minio.error import S3Error
+        from minio.error import InvalidResponseError, S3Error
 
         what = f"object {key!r} in " if key else ""
         where = f"{what}bucket {self.bucket!r} at {self._http_url}"
         if isinstance(exc, StorageError):
             return exc
+        tls = _ssl_cause(exc)
+        if isinstance(tls, ssl.SSLCertVerificationError):
+            return StorageError(
+                f"cannot {action} {where}: the TLS certificate of {self.endpoint} is not trusted "
+                f"(certificate verify failed: {tls.verify_message}); checked against "
+                f"{self._trusted()}"
+            )
+        if tls is not None:
+            return StorageError(
+                f"cannot {action} {where}: TLS handshake with {self.endpoint} failed ({tls}); "
+                "is it an HTTPS server? (s3:// is plain HTTP, s3s:// is TLS)"
+            )
+        if (
+            not self.secure
+            and isinstance(exc, InvalidResponseError)
+            and _PLAIN_TO_TLS.search(str(exc))
+        ):
+            return StorageError(
+                f"cannot {action} {where}: plain HTTP sent to {self.endpoint}, which speaks TLS: "
+                "use an s3s:// URL (secure=True) and the CA that signed its certificate"
+            )
         if isinstance(exc, S3Error):
             code = exc.code
             if code == "NoSuchBucket":
@@ -339,16 +389,61 @@ class S3Store:
         return StorageError(f"cannot {action} {where}: {type(exc).__name__}: {exc}")
 
 
+def _http_client(ca_file: Path | None):
+    """The urllib3 pool the minio client uses: minio's own defaults (5 min timeouts, 10
+    connections, five retries on 5xx and broken connections), certificates always verified
+    against ``ca_file`` (else ``SSL_CERT_FILE`` or certifi's bundle, as minio does), and TLS
+    failures not retried (``other=0``: a certificate that does not verify will not later)."""
+    import certifi
+    import urllib3
+
+    if ca_file is not None:
+        try:
+            ssl.create_default_context(cafile=str(ca_file))  # readable, and PEM certificates
+        except (OSError, ssl.SSLError) as exc:
+            raise StorageError(f"the CA file {ca_file} cannot be used: {exc}") from None
+    timeout = 300
+    return urllib3.PoolManager(
+        timeout=urllib3.Timeout(connect=timeout, read=timeout),
+        maxsize=10,
+        cert_reqs="CERT_REQUIRED",
+        ca_certs=str(ca_file) if ca_file else os.environ.get("SSL_CERT_FILE") or certifi.where(),
+        retries=urllib3.Retry(
+            total=5, other=0, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]
+        ),
+    )
+
+
+def _ssl_cause(exc: BaseException) -> ssl.SSLError | None:
+    """The ``ssl.SSLError`` behind ``exc`` (urllib3 wraps it in ``SSLError`` and
+    ``MaxRetryError.reason``), or ``None``."""
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        current = stack.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, ssl.SSLError):
+            return current
+        stack += [current.__cause__, current.__context__, getattr(current, "reason", None)]
+        stack += [a for a in getattr(current, "args", ()) if isinstance(a, BaseException)]
+    return None
+
+
 def store_from_url(url: str) -> ObjectStore:
     """Build a store from a URL.
 
     * ``file:///abs/path`` → ``FilesystemStore(Path("/abs/path"))``;
     * ``s3://ACCESS:SECRET@host:port/bucket`` → ``S3Store`` over HTTP, ``s3s://…`` over HTTPS;
       without credentials in the URL they come from ``FRP_S3_ACCESS_KEY``/``FRP_S3_SECRET_KEY``;
-      an optional ``?region=…`` query sets the region. Credentials are percent-decoded.
+      an optional ``?region=…`` query sets the region; for ``s3s://``, ``?ca=/abs/path/ca.crt``
+      names the CA file the server's certificate is verified with (else ``FRP_S3_CA_FILE``, else
+      the system trust store). Credentials are percent-decoded.
 
-    Raises ``StorageError`` for an unknown scheme, a relative path, a missing bucket name or
-    missing credentials (messages never contain the secret).
+    Raises ``StorageError`` for an unknown scheme, a relative path, a missing bucket name,
+    missing credentials, or a CA file with ``s3://`` or that cannot be read (messages never
+    contain the secret).
     """
     try:
         parts = urlsplit(url)
@@ -382,7 +477,13 @@ def store_from_url(url: str) -> ObjectStore:
                 f"no S3 credentials for {scheme}://{endpoint}/{bucket}: put them in the URL or set "
                 f"{ENV_ACCESS_KEY} and {ENV_SECRET_KEY}"
             )
-        region = parse_qs(parts.query).get("region", [None])[0]
+        query = parse_qs(parts.query)
+        region = query.get("region", [None])[0]
+        ca = query.get("ca", [None])[0]
+        if ca is not None and scheme != "s3s":
+            raise StorageError(f"?ca= is for TLS: use s3s://{endpoint}/{bucket} (not s3://)")
+        if ca is None and scheme == "s3s":
+            ca = os.environ.get(ENV_CA_FILE) or None
         return S3Store(
             endpoint=endpoint,
             access_key=access_key,
@@ -390,6 +491,7 @@ def store_from_url(url: str) -> ObjectStore:
             bucket=bucket,
             secure=scheme == "s3s",
             region=region,
+            ca_file=Path(ca) if ca else None,
         )
     raise StorageError(
         f"unsupported object store URL scheme {parts.scheme!r} (expected file, s3 or s3s)"

@@ -37,6 +37,8 @@ DEPENDENCIES = (
     "cryptography>=43",
     "pyarrow>=16,<27",
     "minio>=7.2,<8",
+    "urllib3>=1.26,<3",
+    "certifi",
 )
 
 

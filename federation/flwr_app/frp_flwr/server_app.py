@@ -55,6 +55,7 @@ import os
 import ssl
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -138,7 +139,9 @@ class Reporter:
     this host's environment: nothing a SuperNode receives can sign. Events are numbered 1, 2, 3 …
     (``seq``); a retry sends the same number, so the portal records each event once. Transient
     failures (network, HTTP 5xx, 503 while the portal has not yet recorded the run) are retried
-    with exponential back-off; any other refusal (4xx) is logged and not retried.
+    with exponential back-off; any other refusal (4xx) is logged and not retried, and neither is
+    a TLS failure (an ``https://`` portal whose certificate does not verify against
+    ``FRP_CALLBACK_CA_FILE``, or that file unreadable): the answer's ``error`` says which.
     """
 
     url: str
@@ -158,6 +161,11 @@ class Reporter:
             return CallbackAnswer()
         self.seq += 1
         body = encode_event(event, seq=self.seq)
+        try:
+            context = _tls_context(self.url)
+        except ValueError as exc:
+            log.error("callback %s not sent: %s", event.name, exc)
+            return CallbackAnswer(ok=False, error=str(exc))
         for attempt in range(self.attempts):
             headers = {"Content-Type": "application/json", **sign(self.key, body)}
             request = urllib.request.Request(  # noqa: S310 — http(s) only, checked in __post_init__
@@ -165,7 +173,7 @@ class Reporter:
             )
             try:
                 with urllib.request.urlopen(  # noqa: S310
-                    request, timeout=10, context=_tls_context(self.url)
+                    request, timeout=10, context=context
                 ) as response:
                     return _answer(response.read())
             except urllib.error.HTTPError as exc:
@@ -178,6 +186,11 @@ class Reporter:
                     "callback %s failed (attempt %d): HTTP %d", event.name, attempt + 1, exc.code
                 )
             except (urllib.error.URLError, TimeoutError, OSError) as exc:
+                reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+                if isinstance(reason, ssl.SSLError):  # will not verify on a second try either
+                    error = _tls_refusal(self.url, reason)
+                    log.error("callback %s not sent: %s", event.name, error)
+                    return CallbackAnswer(ok=False, error=error)
                 log.warning("callback %s failed (attempt %d): %s", event.name, attempt + 1, exc)
             time.sleep(0.5 * 2**attempt)
         return CallbackAnswer(ok=False, error="the portal did not answer")
@@ -189,10 +202,33 @@ CALLBACK_CA_ENV = "FRP_CALLBACK_CA_FILE"
 
 
 def _tls_context(url: str) -> ssl.SSLContext | None:
-    """The TLS context for an ``https://`` callback URL (certificate and host name verified)."""
+    """The TLS context for an ``https://`` callback URL (certificate and host name verified
+    against ``FRP_CALLBACK_CA_FILE``, else the system trust store); ``None`` for ``http://``.
+    Raises ``ValueError`` when the CA file cannot be read or holds no certificate."""
     if not url.startswith("https://"):
         return None
-    return ssl.create_default_context(cafile=os.environ.get(CALLBACK_CA_ENV) or None)
+    cafile = os.environ.get(CALLBACK_CA_ENV) or None
+    try:
+        return ssl.create_default_context(cafile=cafile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"{CALLBACK_CA_ENV}={cafile} cannot be used: {exc}") from None
+
+
+def _tls_refusal(url: str, exc: ssl.SSLError) -> str:
+    """What to tell of a TLS failure with the portal at ``url`` (no secret: URL host only)."""
+    host = urllib.parse.urlsplit(url).netloc
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        cafile = os.environ.get(CALLBACK_CA_ENV)
+        against = (
+            f"{CALLBACK_CA_ENV}={cafile}"
+            if cafile
+            else f"the system trust store ({CALLBACK_CA_ENV} is not set in this host's environment)"
+        )
+        return (
+            f"the portal's TLS certificate at {host} is not trusted (certificate verify failed: "
+            f"{exc.verify_message}); checked against {against}"
+        )
+    return f"TLS with the portal at {host} failed: {exc}"
 
 
 def _answer(raw: bytes) -> CallbackAnswer:
