@@ -40,6 +40,35 @@ def _flush_past_the_ledger_guard() -> None:
 _flush_past_the_ledger_guard()
 
 
+def _flush_retried_on_deadlock(attempts: int = 5) -> None:
+    """Retry the test flush when PostgreSQL picks it as a deadlock's victim.
+
+    An integration module's Celery worker and beat (a real concurrent process, reconciling every
+    second) stay up across its tests, so the flush between two tests — one ``TRUNCATE`` of every
+    table — can deadlock with a worker transaction that holds one table and wants another
+    (``DeadlockDetected``). PostgreSQL aborts one of the two; when it is the flush, its
+    transaction is rolled back whole (the outermost ``atomic``), so trying it again is clean.
+    """
+    from django.db import OperationalError
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    original = DatabaseOperations.execute_sql_flush
+
+    def execute_sql_flush(self, sql_list):
+        for attempt in range(attempts):
+            try:
+                return original(self, sql_list)
+            except OperationalError as exc:
+                deadlock = getattr(exc.__cause__, "sqlstate", None) == "40P01"
+                if not deadlock or attempt == attempts - 1:
+                    raise
+
+    DatabaseOperations.execute_sql_flush = execute_sql_flush
+
+
+_flush_retried_on_deadlock()
+
+
 @pytest.fixture
 def eager_celery(settings):
     """Run Celery tasks in-process (unit tests only)."""
