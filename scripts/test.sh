@@ -29,8 +29,7 @@ echo "==> migrations are up to date"
 DATABASE_URL=sqlite://:memory: DJANGO_SETTINGS_MODULE=tests.settings \
   .venv/bin/python manage.py makemigrations --check --dry-run
 echo "==> pytest"
-# FRP_TEST_WORKERS=3 spreads the test files over three processes (pytest-xdist, a file's tests
-# stay in one process): 0.67x the wall time here, but two fault tests do not hold yet under the
-# load of three federations at once (docs/adr/0029-parallel-test-files.md), so one process is
-# the default.
-exec .venv/bin/python -m pytest -n "${FRP_TEST_WORKERS:-0}" --dist loadfile "$@"
+# Test files spread over three processes (pytest-xdist; a file's tests stay in one process, so a
+# module's federation starts once): about 0.6x the wall time of one process on this 2-core
+# machine (docs/adr/0029-parallel-test-files.md). FRP_TEST_WORKERS=0 runs them in one process.
+exec .venv/bin/python -m pytest -n "${FRP_TEST_WORKERS:-3}" --dist loadfile "$@"

@@ -7,6 +7,7 @@ PostgreSQL on 127.0.0.1:5432 and Redis db 15 on 127.0.0.1:6379 unless ``DATABASE
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -40,6 +41,8 @@ os.environ.setdefault(
 if _XDIST:
     _models = f"frp-test-models-{os.environ.get('PYTEST_XDIST_TESTRUNUID', 'run')}-{_XDIST}"
     os.environ["FRP_MODEL_STORE_URL"] = Path(tempfile.gettempdir(), _models).as_uri()
+    if "pytest" in sys.modules:  # the xdist worker itself, not a worker or SuperLink it starts
+        atexit.register(shutil.rmtree, Path(tempfile.gettempdir(), _models), ignore_errors=True)
 elif "FRP_MODEL_STORE_URL" not in os.environ:
     _models = tempfile.mkdtemp(prefix="frp-test-models-")
     os.environ["FRP_MODEL_STORE_URL"] = Path(_models).as_uri()
