@@ -297,6 +297,16 @@ def job_step_give_up(*, job_id: int, step: str, exc: BaseException) -> str:
     return StepStatus.FAILED
 
 
+def _locked_steps(job: FederatedJob) -> list[JobAccountingStep]:
+    """``job``'s step rows (opened first where missing), locked for this transaction, in
+    ``STEPS`` order."""
+    _open([job.pk])
+    return sorted(
+        JobAccountingStep.objects.select_for_update().filter(job=job),
+        key=lambda r: STEPS.index(r.step),
+    )
+
+
 def job_accounting_retry(*, by, job: FederatedJob) -> list[str]:
     """Queue the accounting of ``job`` again, for a user who mended what made a step fail.
 
@@ -315,11 +325,7 @@ def job_accounting_retry(*, by, job: FederatedJob) -> list[str]:
         job = FederatedJob.objects.select_related("project__institution").get(pk=job.pk)
         if not job.is_terminal:
             raise AccountingError("The job has not ended yet: it is accounted for once it does.")
-        _open([job.pk])
-        rows = sorted(
-            JobAccountingStep.objects.select_for_update().filter(job=job),
-            key=lambda r: STEPS.index(r.step),
-        )
+        rows = _locked_steps(job)
         again = [r for r in rows if r.status != StepStatus.DONE]
         if not again:
             raise AccountingError("Every accounting step of this job is done: nothing to retry.")
@@ -372,11 +378,7 @@ def job_accounting_reopen(*, job: FederatedJob, from_round: int | None = None) -
             f"the usage of the failed run cannot be recorded ({failure_reason(exc)}); resuming "
             "would delete its metering: an admin must mend it and retry the job's accounting"
         ) from exc
-    _open([job.pk])
-    rows = sorted(
-        JobAccountingStep.objects.select_for_update().filter(job=job),
-        key=lambda r: STEPS.index(r.step),
-    )
+    rows = _locked_steps(job)
     before = {r.step: r.status for r in rows}
     after = f"run {run} ended failed" + (f" after round {from_round}" if from_round else "")
     for row in rows:
