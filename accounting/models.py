@@ -255,6 +255,12 @@ class BillingEntry(models.Model):
     price_rule = models.ForeignKey(PriceRule, null=True, on_delete=models.PROTECT)
     service_units = models.DecimalField(max_digits=14, decimal_places=4, default=Decimal("0"))
     amount = models.DecimalField(max_digits=14, decimal_places=2)
+    price_detail = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="A compute line's pieces at one time-of-use price each: [{from, to (ISO 8601 "
+        "UTC), seconds, service_units, price}] (Decimal strings); amount = money(Σ SU × price).",
+    )
     currency = models.CharField(max_length=3, default="EUR")
     invoice = models.ForeignKey(
         Invoice, null=True, blank=True, on_delete=models.PROTECT, related_name="entries"

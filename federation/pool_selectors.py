@@ -9,6 +9,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from federation.models import CarbonReading, ComputePool, FederatedJob, JobStatus
+from federation.scheduling import calendar
 
 CALENDAR_DAYS = 7
 
@@ -23,6 +24,16 @@ REASONS = {
     "TimeShift": "Waiting for the cheapest or lowest-carbon start before the deadline.",
     "Quota": "The project's quota on a pool is in use by its other jobs.",
 }
+
+
+def pool_price_bands(pool: ComputePool) -> list[calendar.PriceBand]:
+    """The pool's time-of-use bands as ``calendar.PriceBand`` (weekly spans in
+    ``pool.time_zone``; ``price`` is the ``Decimal`` per service unit·hour), in the order the
+    scheduler reads them (the first band covering an instant gives its price)."""
+    return [
+        calendar.PriceBand(calendar.WeeklySpan(b.weekday, b.start_minute, b.end_minute), b.price)
+        for b in pool.price_bands.all()
+    ]
 
 
 def _jobs_at(pool: ComputePool):

@@ -315,6 +315,24 @@ def test_weekly_window_in_the_pools_time_zone():
     assert open_ == [False, False, True, True]
 
 
+def test_price_segments_cut_a_run_exactly_at_band_edges_in_local_time():
+    # Berlin is UTC+1: a Friday 22:00–24:00 local band at 0.03 is 21:00–23:00 UTC; a Saturday
+    # 00:00–06:00 band at 0.03 too continues it (merged); base 0.05 elsewhere.
+    bands = [
+        calendar.PriceBand(calendar.WeeklySpan(4, 1320, 1440), 0.03),
+        calendar.PriceBand(calendar.WeeklySpan(5, 0, 360), 0.03),
+    ]
+    start = datetime(2026, 12, 4, 20, 30, tzinfo=UTC)  # Friday 21:30 local
+    end = datetime(2026, 12, 5, 6, 15, tzinfo=UTC)  # Saturday 07:15 local
+    got = calendar.price_segments(bands, 0.05, start=start, end=end, tz="Europe/Berlin")
+    assert got == [
+        (start, datetime(2026, 12, 4, 21, tzinfo=UTC), 0.05),
+        (datetime(2026, 12, 4, 21, tzinfo=UTC), datetime(2026, 12, 5, 5, tzinfo=UTC), 0.03),
+        (datetime(2026, 12, 5, 5, tzinfo=UTC), end, 0.05),
+    ]
+    assert calendar.price_segments(bands, 0.05, start=end, end=end, tz="UTC") == []
+
+
 def test_mean_intensity_and_energy_by_hand():
     # 1,800 core-seconds at 10 W = 18,000 J = 0.005 kWh; 30 min at 300 then 30 min at 100 → 200.
     t0 = datetime(2026, 12, 1, 12, tzinfo=UTC)
