@@ -70,7 +70,10 @@ class UsageRecord(models.Model):
     flower_compute_seconds = models.FloatField(null=True, blank=True)
     flower_bytes = models.PositiveBigIntegerField(null=True, blank=True)
     energy_kwh = models.FloatField(
-        null=True, blank=True, help_text="CPU seconds × the pool's W per core (kWh)."
+        null=True,
+        blank=True,
+        help_text="(CPU seconds × the pool's W per core + reserved GPUs × held seconds × W per "
+        "GPU) ÷ 3.6e6 (kWh).",
     )
     emissions_g = models.FloatField(
         null=True,
@@ -260,6 +263,16 @@ class BillingEntry(models.Model):
         blank=True,
         help_text="A compute line's pieces at one time-of-use price each: [{from, to (ISO 8601 "
         "UTC), seconds, service_units, price}] (Decimal strings); amount = money(Σ SU × price).",
+    )
+    energy_kwh = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="A compute line's energy: its usage record's kWh (null: not measured).",
+    )
+    emissions_g = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="A compute line's emissions: its usage record's gCO2e (null: not measured).",
     )
     currency = models.CharField(max_length=3, default="EUR")
     invoice = models.ForeignKey(

@@ -322,7 +322,8 @@ def site_energy(*, site, cpu_seconds: float, start, end, gpu_seconds: float = 0.
 
 def job_energy(*, job: FederatedJob) -> list[dict]:
     """Energy and emissions per site of a job from its metering: ``[{"site", "cpu_seconds",
-    "energy_kwh", "intensity_g_per_kwh", "emissions_g"}]`` (``site_energy`` per site)."""
+    "energy_kwh", "intensity_g_per_kwh", "emissions_g"}]`` (``site_energy`` per site, with the
+    site's reserved GPUs × the seconds since the start as GPU seconds)."""
     from django.db.models import Sum
     from django.utils import timezone
 
@@ -330,9 +331,16 @@ def job_energy(*, job: FederatedJob) -> list[dict]:
         return []
     end = job.finished_at or timezone.now()
     rows = []
+    held = max(0.0, (end - job.started_at).total_seconds())
     for js in job.sites.select_related("site"):
         cpu = js.round_metrics.aggregate(s=Sum("cpu_seconds"))["s"] or 0.0
-        figures = site_energy(site=js.site, cpu_seconds=cpu, start=job.started_at, end=end)
+        figures = site_energy(
+            site=js.site,
+            cpu_seconds=cpu,
+            gpu_seconds=js.gpus * held,  # no GPU time is metered: a reserved GPU is held
+            start=job.started_at,
+            end=end,
+        )
         if figures is None:
             continue
         kwh, intensity, grams = figures

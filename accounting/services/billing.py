@@ -332,6 +332,8 @@ class _Line:
     run: int
     billed_on: dt.date  # the day that picked the price rule; its month picks the invoice
     pieces: tuple = ()  # PricedPiece of a compute line
+    energy_kwh: float | None = None  # a compute line's usage (kWh)
+    emissions_g: float | None = None  # … and its gCO2e
 
 
 def _data_shares(job) -> dict[int, Decimal]:
@@ -394,6 +396,8 @@ def _job_lines(job, finished_on: dt.date) -> list[_Line]:
             "service_units": units,
             "currency": rule.currency,
             "pieces": pieces,
+            "energy_kwh": usage.energy_kwh,
+            "emissions_g": usage.emissions_g,
         }
         lines.append(
             _Line(
@@ -517,7 +521,8 @@ def job_bill(*, job) -> list[BillingEntry]:
 
     * ``compute_charge`` to the project's institution and ``compute_credit`` to the site's
       institution, both ``money(Σ SU × price)`` over the line's time-of-use pieces (see
-      ``priced_pieces``; stored in ``price_detail``), keyed by the
+      ``priced_pieces``; stored in ``price_detail``), each carrying the usage record's
+      ``energy_kwh`` and ``emissions_g`` (copied, so an issued line never changes), keyed by the
       record's run; own-institution use: a ``compute_charge`` of 0.00 carrying the SU, no credit;
     * when ``data_credit_rate`` > 0 and the job COMPLETED: ``data_charge`` = the sum over the
       compute site's runs of ``money(rate × SU × price)`` (computed on the compute value even
@@ -563,6 +568,8 @@ def job_bill(*, job) -> list[BillingEntry]:
                 "service_units": line.service_units,
                 "amount": line.amount,
                 "price_detail": [p.as_dict() for p in line.pieces],
+                "energy_kwh": line.energy_kwh,
+                "emissions_g": line.emissions_g,
                 "currency": line.currency,
             },
         )
