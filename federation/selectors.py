@@ -292,15 +292,17 @@ def job_estimates(*, project, versions, num_rounds: int, local_epochs: int, sche
     return {"duration_s": duration, "rows": rows}
 
 
-def site_energy(*, site, cpu_seconds: float, start, end, gpu_seconds: float = 0.0):
+def site_energy(*, site, cpu_seconds: float, start, end, gpu_seconds: float = 0.0, pool=None):
     """``(kWh, mean gCO2e/kWh, gCO2e)`` of ``cpu_seconds`` (and ``gpu_seconds``) of work at
-    ``site`` during ``[start, end)``: the power figures of the site's pool (its first) and the
-    time-weighted mean of its carbon readings over the run (``scheduling.energy``); the pool's
-    default intensity where it has no reading. ``None`` when the site has no pool."""
+    ``site`` during ``[start, end)``: the power figures of ``pool`` (the pool the job ran on,
+    recorded on its ``JobSite``; the site's first pool when ``None``) and the time-weighted mean
+    of its carbon readings over the run (``scheduling.energy``); the pool's default intensity
+    where it has no reading. ``None`` when the site has no pool."""
     from federation.models import CarbonReading, ComputePool
     from federation.scheduling import energy
 
-    pool = ComputePool.objects.filter(site=site).order_by("pk").first()
+    if pool is None or pool.site_id != site.pk:
+        pool = ComputePool.objects.filter(site=site).order_by("pk").first()
     if pool is None:
         return None
     kwh = energy.energy_kwh(
@@ -332,10 +334,11 @@ def job_energy(*, job: FederatedJob) -> list[dict]:
     end = job.finished_at or timezone.now()
     rows = []
     held = max(0.0, (end - job.started_at).total_seconds())
-    for js in job.sites.select_related("site"):
+    for js in job.sites.select_related("site", "pool"):
         cpu = js.round_metrics.aggregate(s=Sum("cpu_seconds"))["s"] or 0.0
         figures = site_energy(
             site=js.site,
+            pool=js.pool,
             cpu_seconds=cpu,
             gpu_seconds=js.gpus * held,  # no GPU time is metered: a reserved GPU is held
             start=job.started_at,

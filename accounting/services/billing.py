@@ -344,9 +344,12 @@ def _data_shares(job) -> dict[int, Decimal]:
     return shares if sum(shares.values(), Decimal(0)) > 0 else {}
 
 
-def _site_pool(site):
-    """The compute pool that ran ``site``'s part of a job: the site's pool (its first by id when
-    it has several, until a job records the pool it ran on), or ``None`` for a site without one."""
+def _site_pool(site, chosen=None):
+    """The compute pool that ran ``site``'s part of a job: ``chosen`` (the pool recorded on the
+    job's ``JobSite``, one of the site's pools) when given, else the site's first pool by id
+    (jobs launched before pools were chosen), or ``None`` for a site without one."""
+    if chosen is not None and chosen.site_id == site.pk:
+        return chosen
     return min(site.pools.all(), key=lambda pool: pool.pk, default=None)
 
 
@@ -372,8 +375,9 @@ def _job_lines(job, finished_on: dt.date) -> list[_Line]:
         .select_related("site__institution")
         .prefetch_related("site__pools")
     )
+    chosen = {js.site_id: js.pool for js in job.sites.select_related("pool")}
     for usage in usages.order_by("site__slug", "run"):
-        pool = _site_pool(usage.site)
+        pool = _site_pool(usage.site, chosen.get(usage.site_id))
         day = _usage_day(usage, finished_on)
         rule = None if pool is None else price_rule_in_effect(pool=pool, day=day)
         if rule is None:

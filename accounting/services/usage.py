@@ -128,7 +128,7 @@ def usage_record_job(*, job: FederatedJob) -> list[UsageRecord]:
             else None
         )
         records = []
-        for js in job.sites.select_related("site").order_by("site__slug"):
+        for js in job.sites.select_related("site", "pool").order_by("site__slug"):
             row = sums.get(js.pk)
             more = extra.get(js.site.slug) or {}
             if row is None and not more:
@@ -156,6 +156,7 @@ def usage_record_job(*, job: FederatedJob) -> list[UsageRecord]:
             figures = (
                 site_energy(
                     site=js.site,
+                    pool=js.pool,
                     cpu_seconds=values["cpu_seconds"],
                     gpu_seconds=js.gpus * (reserved or 0.0),
                     start=job.started_at,

@@ -201,3 +201,35 @@ def test_run_inside_one_price_keeps_the_flat_figures_and_one_piece():
     billing.job_bill(job=job)
     su, amount, pieces = _lines(job)["compute_charge"]
     assert (su, amount, len(pieces)) == (D("3.0000"), D("0.15"), 1)
+
+
+def test_site_with_two_pools_bills_the_pool_the_job_ran_on():
+    from federation.models import JobSite
+    from tests.factories import DatasetVersionFactory
+
+    w = Night()
+    gpu = ComputePool.objects.create(site=w.site, name="gpu", gpus=1, gpu_model="A100")
+    PriceRuleFactory(
+        pool=gpu,
+        effective_from=dt.date(2025, 1, 1),
+        cpu_weight=D("1"),
+        memory_weight=D("0"),
+        gpu_weight=D("10"),
+        price_per_unit=D("0.10"),
+    )
+    start = dt.datetime(2025, 3, 12, 12, tzinfo=UTC)
+    job = BillingJobFactory(
+        project=w.project, started_at=start, finished_at=start + dt.timedelta(hours=1)
+    )
+    JobSite.objects.create(
+        job=job, site=w.site, dataset_version=DatasetVersionFactory(dataset__site=w.site), pool=gpu
+    )
+    BillingUsageFactory(
+        job=job, site=w.site, cores=2, memory_gib=D("4"), gpus=1,
+        ended_at=job.finished_at, reserved_seconds=3600.0,
+    )  # fmt: skip
+    billing.job_bill(job=job)
+    # On the GPU pool's rule: (1×2 + 0×4 + 10×1) × 1 h = 12 SU × 0.10 = 1.20
+    # (the site's first pool would give (1×2 + 0.25×4) × 1 h = 3 SU × 0.05 = 0.15).
+    su, amount, _ = _lines(job)["compute_charge"]
+    assert (su, amount) == (D("12.0000"), D("1.20"))
