@@ -80,6 +80,8 @@ class PoolCreateForm(ComputePoolForm):
         help_texts = {
             **ComputePoolForm.Meta.help_texts,
             "name": "Unique within the site, e.g. cpu or gpu-a100.",
+            "always_available": "Lent at all hours; otherwise only in the weekly windows you set "
+            "on the pool's page after adding it.",
         }
 
     def __init__(self, *args, site, **kwargs):
