@@ -209,7 +209,9 @@ class Decision:
     run, ``cost`` in the pools' currency, ``energy_kwh`` and ``emissions_g`` for that run (``None``
     when no start within the horizon is possible). ``late``: the run ends after the deadline.
     ``pools``: the pool chosen for each key of the job's ``demands`` (``{key: pool id}``; the key
-    itself unless an alternative was chosen); empty for PREEMPT and REFUSE."""
+    itself unless an alternative was chosen), for every START and every decision of a job with
+    ``alternatives``; empty otherwise (REFUSE, PREEMPT, and a job without alternatives that does
+    not start: its keys are its pools)."""
 
     job_id: int
     action: Action

@@ -443,15 +443,16 @@ def schedule(snapshot: Snapshot, config: Config | None = None) -> list[Decision]
 
     chosen_pools: dict[int, dict[int, int]] = {}
     for prio, job in _order(snapshot, config):
-        choices = pool_choices(job, prof)
-        if isinstance(choices, str):
-            decisions.append(
-                Decision(job.id, Action.REFUSE, Reason.RESOURCES, prio, detail=choices)
-            )
-            continue
-        chosen = choices[0] if len(choices) == 1 else _earliest_choice(job, choices, prof)
-        chosen_pools[job.id] = chosen
-        job = _with_pools(job, chosen)
+        if job.alternatives:  # several pools at a site: pick one per request first
+            choices = pool_choices(job, prof)
+            if isinstance(choices, str):
+                decisions.append(
+                    Decision(job.id, Action.REFUSE, Reason.RESOURCES, prio, detail=choices)
+                )
+                continue
+            chosen = choices[0] if len(choices) == 1 else _earliest_choice(job, choices, prof)
+            chosen_pools[job.id] = chosen
+            job = _with_pools(job, chosen)
         problem = _unservable(job, prof)
         if problem:
             decisions.append(
@@ -574,12 +575,14 @@ def schedule(snapshot: Snapshot, config: Config | None = None) -> list[Decision]
             decisions.append(decide(req, prio, Action.PLAN, reason, t, late, cost=cost))
         else:
             decisions.append(decide(req, prio, Action.WAIT, reason, t, late, cost=cost))
-    decisions = [
-        replace(d, pools=chosen_pools[d.job_id])
-        if d.action is not Action.REFUSE and d.job_id in chosen_pools
-        else d
-        for d in decisions
-    ]
+    demands = {j.id: j.demands for j in snapshot.queued}
+    for k, d in enumerate(decisions):
+        if d.action is Action.REFUSE:
+            continue
+        if d.job_id in chosen_pools:
+            decisions[k] = replace(d, pools=chosen_pools[d.job_id])
+        elif d.action is Action.START:  # its keys are its pools
+            decisions[k] = replace(d, pools={pid: pid for pid in demands[d.job_id]})
     return decisions + preempted
 
 

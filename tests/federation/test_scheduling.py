@@ -390,9 +390,12 @@ def test_cpu_request_uses_the_gpu_pool_when_the_cpu_pool_is_busy():
         schedule(snap(_two_pool_site(), [job(1, {1: R(4)}, alternatives={1: (2,)})], running))
     )
     assert (d[1].action, d[1].start_s, d[1].pools) == (Action.START, NOW, {1: 2})
-    # Without the alternative it waits for pool 1 (step 3).
+    # Without the alternative it waits for pool 1 (step 3); its keys are its pools (no choice
+    # to report until it starts).
     d = by_id(schedule(snap(_two_pool_site(), [job(1, {1: R(4)})], running)))
-    assert (d[1].action, d[1].start_s, d[1].pools) == (Action.PLAN, at(3), {1: 1})
+    assert (d[1].action, d[1].start_s, d[1].pools) == (Action.PLAN, at(3), {})
+    d = by_id(schedule(snap(_two_pool_site(), [job(1, {1: R(4)})])))
+    assert (d[1].action, d[1].pools) == (Action.START, {1: 1})
 
 
 def test_request_no_pool_of_the_site_meets_is_refused():
