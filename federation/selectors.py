@@ -126,7 +126,7 @@ def job_progress(*, job: FederatedJob, user=None) -> dict:
     dataset's rows.
     """
     rounds = list(RoundMetric.objects.filter(job=job).order_by("round"))
-    sites = list(job.sites.select_related("site__institution", "dataset_version__dataset"))
+    sites = list(job.sites.select_related("site__institution", "dataset_version__dataset", "pool"))
     site_rounds: dict[int, list[SiteRoundMetric]] = {s.pk: [] for s in sites}
     for m in SiteRoundMetric.objects.filter(job_site__job=job).order_by("round"):
         site_rounds[m.job_site_id].append(m)
