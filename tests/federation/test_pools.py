@@ -441,3 +441,28 @@ def test_queue_page_shows_a_running_job_on_the_pool_it_runs_on(client, pool, adm
     on_cpu = client.get(reverse("federation:pool_queue", args=[pool.pk])).content.decode()
     assert f"#{world_job.pk} j" in on_gpu
     assert f"#{world_job.pk} j" not in on_cpu
+
+
+def test_migration_records_the_first_pool_for_jobs_already_started(pool, world_job):
+    import importlib
+
+    from django.apps import apps
+
+    from tests.factories import DatasetVersionFactory, ProjectFactory
+
+    migration = importlib.import_module("federation.migrations.0013_jobsite_pool")
+    ComputePool.objects.create(site=pool.site, name="gpu", gpus=1, gpu_model="A100")
+    FederatedJob.objects.filter(pk=world_job.pk).update(
+        status="completed", started_at=timezone.now()
+    )
+    queued = FederatedJob.objects.create(
+        project=ProjectFactory(), submitted_by=UserFactory(), title="q", target_column="label"
+    )
+    JobSite.objects.create(
+        job=queued, site=pool.site, dataset_version=DatasetVersionFactory(dataset__site=pool.site)
+    )
+
+    migration.first_pool_for_started_jobs(apps, None)
+
+    assert JobSite.objects.get(job=world_job).pool == pool  # ran before pools were chosen
+    assert JobSite.objects.get(job=queued).pool is None  # chosen when it launches
