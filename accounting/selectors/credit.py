@@ -151,8 +151,20 @@ class CreditView:
 
     @property
     def text(self) -> str:
-        """The text export: the paragraph, then the method lines (``credit.statement_text``)."""
-        return credit.statement_text(self.paragraph, self.method)
+        """The text export: the paragraph, then the method lines (``credit.statement_text``),
+        then, once usage is recorded, one ``Energy and emissions:`` line (total, then per site)."""
+        text = credit.statement_text(self.paragraph, self.method)
+        fp = self.footprint
+        if fp is None:
+            return text
+        sites = "; ".join(
+            f"{r['site']} {r['energy_kwh']:.3f} kWh, {r['emissions_g']:.0f} gCO2e"
+            for r in fp["sites"]
+        )
+        return (
+            text + f"Energy and emissions: {fp['energy_kwh']:.3f} kWh, "
+            f"{fp['emissions_g']:.0f} gCO2e ({sites})\n"
+        )
 
     def document(self) -> dict:
         """The JSON export (``credit.statement_document``, schema ``frp-credit/1``)."""

@@ -472,3 +472,8 @@ def test_statement_shows_energy_and_emissions_per_site_summed_over_runs(world):
     assert "Energy and emissions" in page
     assert "site-a Hospital A 0.750 kWh 150 gCO2e" in page
     assert "Total 1.750 kWh 350 gCO2e" in page
+    text = client.get(_url(world, "credit.txt")).content.decode()
+    assert text.endswith(
+        "Energy and emissions: 1.750 kWh, 350 gCO2e "
+        "(site-a 0.750 kWh, 150 gCO2e; site-b 1.000 kWh, 200 gCO2e)\n"
+    )
