@@ -70,7 +70,10 @@ class UsageRecord(models.Model):
     flower_compute_seconds = models.FloatField(null=True, blank=True)
     flower_bytes = models.PositiveBigIntegerField(null=True, blank=True)
     energy_kwh = models.FloatField(
-        null=True, blank=True, help_text="CPU seconds × the pool's W per core (kWh)."
+        null=True,
+        blank=True,
+        help_text="(CPU seconds × the pool's W per core + reserved GPUs × held seconds × W per "
+        "GPU) ÷ 3.6e6 (kWh).",
     )
     emissions_g = models.FloatField(
         null=True,
@@ -255,6 +258,22 @@ class BillingEntry(models.Model):
     price_rule = models.ForeignKey(PriceRule, null=True, on_delete=models.PROTECT)
     service_units = models.DecimalField(max_digits=14, decimal_places=4, default=Decimal("0"))
     amount = models.DecimalField(max_digits=14, decimal_places=2)
+    price_detail = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="A compute line's pieces at one time-of-use price each: [{from, to (ISO 8601 "
+        "UTC), seconds, service_units, price}] (Decimal strings); amount = money(Σ SU × price).",
+    )
+    energy_kwh = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="A compute line's energy: its usage record's kWh (null: not measured).",
+    )
+    emissions_g = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="A compute line's emissions: its usage record's gCO2e (null: not measured).",
+    )
     currency = models.CharField(max_length=3, default="EUR")
     invoice = models.ForeignKey(
         Invoice, null=True, blank=True, on_delete=models.PROTECT, related_name="entries"

@@ -7,7 +7,11 @@ same capacity), records each queued job's reason code, priority and estimates, r
 the scheduler refuses, and returns the ids to start. ``federation.services.job_launch`` launches a
 job only when the pass says START; the periodic reconcile runs a pass and queues the others.
 
-A site has one pool today (its first); a job's request at a site is held on that pool.
+A site may have several pools (e.g. a CPU pool and a GPU pool): a queued job's request at a site
+is keyed by the site's first pool (by id) with its other pools as ``alternatives``; the pure
+scheduler picks the pool that meets the request (``scheduling.scheduler.pool_choices``) and
+``job_launch`` records it on the ``JobSite`` (``pool_of_sites``). A running job holds the pool
+recorded on its ``JobSite`` (the site's first pool for a row without one).
 Grid: ``FRP_SCHED_STEP_SECONDS`` (default 300 s) over ``FRP_SCHED_HORIZON_HOURS`` (default 168 h).
 """
 
@@ -45,11 +49,37 @@ def grid() -> tuple[float, int]:
     return step, int(hours * 3600 / step)
 
 
-def _pool_of_site() -> dict[int, ComputePool]:
-    out: dict[int, ComputePool] = {}
+def _pools_of_site() -> dict[int, list[ComputePool]]:
+    """Site id → its pools, by id (the first is the key of a request at the site)."""
+    out: dict[int, list[ComputePool]] = {}
     for pool in ComputePool.objects.select_related("site__institution").order_by("pk"):
-        out.setdefault(pool.site_id, pool)
+        out.setdefault(pool.site_id, []).append(pool)
     return out
+
+
+def site_requests(
+    site_demands: dict[int, scheduling.Resources], site_pools: dict[int, list[ComputePool]]
+) -> tuple[dict[int, scheduling.Resources], dict[int, tuple[int, ...]]]:
+    """``(demands, alternatives)`` of a request per site (site id → resources): each keyed by the
+    site's first pool, the site's other pools as alternatives; sites without a pool are left out."""
+    demands, alternatives = {}, {}
+    for site_id, r in site_demands.items():
+        pools = site_pools.get(site_id) or []
+        if not pools:
+            continue
+        demands[pools[0].pk] = r
+        if len(pools) > 1:
+            alternatives[pools[0].pk] = tuple(p.pk for p in pools[1:])
+    return demands, alternatives
+
+
+def pool_of_sites(
+    decision: scheduling.Decision, site_pools: dict[int, list[ComputePool]] | None = None
+) -> dict[int, int]:
+    """Site id → pool id chosen by ``decision`` (``Decision.pools``' values mapped to sites)."""
+    site_pools = _pools_of_site() if site_pools is None else site_pools
+    site_of = {p.pk: site_id for site_id, pools in site_pools.items() for p in pools}
+    return {site_of[pid]: pid for pid in decision.pools.values() if pid in site_of}
 
 
 def pool_series(pool: ComputePool, *, start: datetime, steps: int, step_s: float) -> dict:
@@ -118,14 +148,21 @@ def _scheduling_pool(pool: ComputePool, series: dict) -> scheduling.Pool:
     )
 
 
-def _demands(
-    job: FederatedJob, site_pool: dict[int, ComputePool]
-) -> dict[int, scheduling.Resources]:
+def _resources(js) -> scheduling.Resources:
+    return scheduling.Resources(js.cores, float(js.memory_gib), js.gpus)
+
+
+def _held(job: FederatedJob, site_pools: dict[int, list[ComputePool]]):
+    """A running job's demands: pool id → resources, on the pool recorded per site (else the
+    site's first)."""
     out = {}
     for js in job.sites.all():
-        pool = site_pool.get(js.site_id)
-        if pool is not None:
-            out[pool.pk] = scheduling.Resources(js.cores, float(js.memory_gib), js.gpus)
+        pools = site_pools.get(js.site_id) or []
+        pool_id = js.pool_id if js.pool_id in {p.pk for p in pools} else None
+        if pool_id is None and pools:
+            pool_id = pools[0].pk
+        if pool_id is not None:
+            out[pool_id] = _resources(js)
     return out
 
 
@@ -133,13 +170,17 @@ def _epoch(dt: datetime | None) -> float | None:
     return dt.timestamp() if dt is not None else None
 
 
-def job_request(job: FederatedJob, site_pool: dict[int, ComputePool]) -> scheduling.Job:
-    """The scheduler's view of a queued job."""
+def job_request(job: FederatedJob, site_pools: dict[int, list[ComputePool]]) -> scheduling.Job:
+    """The scheduler's view of a queued job (``site_pools``: site id → its pools by id)."""
+    demands, alternatives = site_requests(
+        {js.site_id: _resources(js) for js in job.sites.all()}, site_pools
+    )
     return scheduling.Job(
         id=job.pk,
         project=job.project.slug,
         submitted_s=job.created_at.timestamp(),
-        demands=_demands(job, site_pool),
+        demands=demands,
+        alternatives=alternatives,
         duration_s=float(job.estimated_seconds),
         policy=scheduling.Policy(job.policy),
         deadline_s=_epoch(job.deadline),
@@ -191,7 +232,7 @@ def snapshot_build(*, now: datetime | None = None, extra: list[scheduling.Job] =
     """The scheduler's snapshot of the federation now (and ``extra`` hypothetical jobs)."""
     now = now or timezone.now()
     step, steps = grid()
-    site_pool = _pool_of_site()
+    site_pools = _pools_of_site()
     pools = [
         _scheduling_pool(p, pool_series(p, start=now, steps=steps, step_s=step))
         for p in ComputePool.objects.select_related("site__institution").prefetch_related(
@@ -208,7 +249,7 @@ def snapshot_build(*, now: datetime | None = None, extra: list[scheduling.Job] =
     queued = []
     for job in active:
         if job.status == JobStatus.QUEUED:
-            queued.append(job_request(job, site_pool))
+            queued.append(job_request(job, site_pools))
         else:
             started = job.started_at or now
             end = max(
@@ -218,7 +259,7 @@ def snapshot_build(*, now: datetime | None = None, extra: list[scheduling.Job] =
                 scheduling.Running(
                     id=job.pk,
                     project=job.project.slug,
-                    demands=_demands(job, site_pool),
+                    demands=_held(job, site_pools),
                     started_s=started.timestamp(),
                     end_s=end.timestamp(),
                     qos=job.qos,
@@ -350,14 +391,14 @@ def policy_estimates(
 ) -> dict[str, scheduling.Decision]:
     """For each policy, the decision the scheduler would make for this job if it were submitted
     now (``site_demands``: site id → resources). Reads the live queue; writes nothing."""
-    site_pool = _pool_of_site()
-    demands = {site_pool[s].pk: r for s, r in site_demands.items() if s in site_pool}
+    demands, alternatives = site_requests(site_demands, _pools_of_site())
     now = timezone.now()
     probe = scheduling.Job(
         id=-1,
         project=project.slug,
         submitted_s=now.timestamp(),
         demands=demands,
+        alternatives=alternatives,
         duration_s=duration_s,
         deadline_s=_epoch(deadline),
         budget_cap=float(budget_cap) if budget_cap is not None else None,

@@ -521,7 +521,9 @@ class JobSiteStatus(models.TextChoices):
 
 
 class JobSite(models.Model):
-    """One site's participation in a job, with the dataset version it trains on."""
+    """One site's participation in a job, with the dataset version it trains on, the resources it
+    asks for there and the pool of the site that holds them (``pool``, chosen at launch among
+    the site's pools by ``federation.scheduling``)."""
 
     job = models.ForeignKey(FederatedJob, on_delete=models.CASCADE, related_name="sites")
     site = models.ForeignKey("portal.Site", on_delete=models.PROTECT, related_name="job_sites")
@@ -532,6 +534,15 @@ class JobSite(models.Model):
         max_length=16, choices=JobSiteStatus.choices, default=JobSiteStatus.PENDING
     )
     node_id = models.CharField(max_length=32, blank=True, help_text="Flower node id (uint64).")
+    pool = models.ForeignKey(
+        ComputePool,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="job_sites",
+        help_text="The site's pool the scheduler chose for this request (set at launch; empty "
+        "while queued).",
+    )
     cores = models.PositiveIntegerField(default=1, help_text="Cores requested at this site.")
     memory_gib = models.DecimalField(max_digits=9, decimal_places=1, default=Decimal("1"))
     gpus = models.PositiveIntegerField(default=0)

@@ -71,6 +71,31 @@ class ComputePoolForm(forms.ModelForm):
         return cleaned
 
 
+class PoolCreateForm(ComputePoolForm):
+    """A new pool of a site (``site`` given): its name and the settings of ``ComputePoolForm``;
+    the calendars and carbon readings are edited on the pool's page afterwards."""
+
+    class Meta(ComputePoolForm.Meta):
+        fields = ["name", *ComputePoolForm.Meta.fields]
+        help_texts = {
+            **ComputePoolForm.Meta.help_texts,
+            "name": "Unique within the site, e.g. cpu or gpu-a100.",
+            "always_available": "Lent at all hours; otherwise only in the weekly windows you set "
+            "on the pool's page after adding it.",
+        }
+
+    def __init__(self, *args, site, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.site = site
+        self.instance.site = site
+
+    def clean_name(self):
+        name = self.cleaned_data["name"].strip()
+        if ComputePool.objects.filter(site=self.site, name=name).exists():
+            raise forms.ValidationError(f"The site already has a pool named {name}.")
+        return name
+
+
 class _MinuteSpanForm(forms.ModelForm):
     """A weekly span entered as HH:MM times (stored as minutes from midnight)."""
 

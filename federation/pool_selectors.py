@@ -9,6 +9,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from federation.models import CarbonReading, ComputePool, FederatedJob, JobStatus
+from federation.scheduling import calendar
 
 CALENDAR_DAYS = 7
 
@@ -25,15 +26,38 @@ REASONS = {
 }
 
 
+def pool_price_bands(pool: ComputePool) -> list[calendar.PriceBand]:
+    """The pool's time-of-use bands as ``calendar.PriceBand`` (weekly spans in
+    ``pool.time_zone``; ``price`` is the ``Decimal`` per service unit·hour), in the order the
+    scheduler reads them (the first band covering an instant gives its price)."""
+    return [
+        calendar.PriceBand(calendar.WeeklySpan(b.weekday, b.start_minute, b.end_minute), b.price)
+        for b in pool.price_bands.all()
+    ]
+
+
 def _jobs_at(pool: ComputePool):
-    return FederatedJob.objects.filter(sites__site=pool.site).select_related(
-        "project", "submitted_by"
+    """Jobs on ``pool``: queued jobs at its site (their pool is chosen at launch among the
+    site's pools) and launched jobs whose ``JobSite.pool`` is this pool (or, for a row without
+    one, this pool when it is the site's first)."""
+    first = ComputePool.objects.filter(site_id=pool.site_id).order_by("pk").first()
+    on_pool = Q(sites__pool=pool)
+    if first is not None and first.pk == pool.pk:
+        on_pool |= Q(sites__site_id=pool.site_id, sites__pool__isnull=True)
+    return (
+        FederatedJob.objects.filter(
+            Q(status=JobStatus.QUEUED, sites__site_id=pool.site_id)
+            | (~Q(status=JobStatus.QUEUED) & on_pool)
+        )
+        .distinct()
+        .select_related("project", "submitted_by")
     )
 
 
 def pool_queue(*, pool: ComputePool) -> dict:
-    """``running``: LAUNCHING/RUNNING jobs at the pool's site; ``queued``: QUEUED ones by
-    scheduler priority (highest first), each with ``reason_text``; ``reasons``: the legend."""
+    """``running``: LAUNCHING/RUNNING jobs on the pool; ``queued``: QUEUED ones at its site (any
+    of the site's pools may take them) by scheduler priority (highest first), each with
+    ``reason_text``; ``reasons``: the legend."""
     running = list(
         _jobs_at(pool)
         .filter(status__in=[JobStatus.LAUNCHING, JobStatus.RUNNING])

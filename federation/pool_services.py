@@ -23,6 +23,31 @@ def _check(by, pool: ComputePool) -> None:
 
 
 @transaction.atomic
+def pool_create(*, by, site, form) -> ComputePool:
+    """Save a valid ``PoolCreateForm`` as a new pool of ``site`` (a site may have several, e.g.
+    a CPU pool and a GPU pool: the scheduler picks the one that meets each request), with an
+    audit event. Raises ``PoolError`` unless ``by`` administers the site's institution."""
+    if not can(by, "institution.admin", site.institution):
+        raise PoolError("only the site's institution admins may add a pool")
+    pool = form.save(commit=False)
+    pool.site = site
+    pool.save()
+    audit_record(
+        by=by,
+        action="pool.create",
+        target=pool,
+        institution=site.institution,
+        pool=pool.name,
+        site=site.slug,
+        cores=pool.cores,
+        memory_gib=str(pool.memory_gib),
+        gpus=pool.gpus,
+        gpu_model=pool.gpu_model,
+    )
+    return pool
+
+
+@transaction.atomic
 def pool_update(*, by, pool: ComputePool, form, formsets: list) -> ComputePool:
     """Save a valid ``ComputePoolForm`` and its inline formsets (windows, price bands,
     exceptions) together, with one audit event listing the changed fields."""

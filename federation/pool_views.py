@@ -16,9 +16,11 @@ from federation.pool_forms import (
     CarbonCsvForm,
     ComputePoolForm,
     ExceptionFormSet,
+    PoolCreateForm,
     PriceBandFormSet,
     WindowFormSet,
 )
+from portal.models import Site
 from portal.permissions import can
 
 
@@ -31,6 +33,26 @@ def _pool_or_404(request, pk: int) -> ComputePool:
 
 def _context(pool, **extra):
     return {"pool": pool, "institution": pool.institution, "tab": "sites", **extra}
+
+
+@login_required
+def pool_create(request, site_pk: int):
+    """Add a pool to a site (its institution's admins): name, resources, price, power; then the
+    pool's settings page for its calendars."""
+    site = get_object_or_404(Site.objects.select_related("institution"), pk=site_pk)
+    if not can(request.user, "institution.admin", site.institution):
+        raise Http404("No such site")
+    data = request.POST if request.method == "POST" else None
+    form = PoolCreateForm(data, site=site)
+    if data is not None and form.is_valid():
+        pool = pool_services.pool_create(by=request.user, site=site, form=form)
+        messages.success(request, f"Pool {pool.name} added to {site.name}.")
+        return redirect("federation:pool_edit", pk=pool.pk)
+    return render(
+        request,
+        "federation/pool_create.html",
+        {"site": site, "institution": site.institution, "tab": "sites", "form": form},
+    )
 
 
 @login_required

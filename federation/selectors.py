@@ -126,7 +126,7 @@ def job_progress(*, job: FederatedJob, user=None) -> dict:
     dataset's rows.
     """
     rounds = list(RoundMetric.objects.filter(job=job).order_by("round"))
-    sites = list(job.sites.select_related("site__institution", "dataset_version__dataset"))
+    sites = list(job.sites.select_related("site__institution", "dataset_version__dataset", "pool"))
     site_rounds: dict[int, list[SiteRoundMetric]] = {s.pk: [] for s in sites}
     for m in SiteRoundMetric.objects.filter(job_site__job=job).order_by("round"):
         site_rounds[m.job_site_id].append(m)
@@ -292,15 +292,17 @@ def job_estimates(*, project, versions, num_rounds: int, local_epochs: int, sche
     return {"duration_s": duration, "rows": rows}
 
 
-def site_energy(*, site, cpu_seconds: float, start, end, gpu_seconds: float = 0.0):
+def site_energy(*, site, cpu_seconds: float, start, end, gpu_seconds: float = 0.0, pool=None):
     """``(kWh, mean gCO2e/kWh, gCO2e)`` of ``cpu_seconds`` (and ``gpu_seconds``) of work at
-    ``site`` during ``[start, end)``: the power figures of the site's pool (its first) and the
-    time-weighted mean of its carbon readings over the run (``scheduling.energy``); the pool's
-    default intensity where it has no reading. ``None`` when the site has no pool."""
+    ``site`` during ``[start, end)``: the power figures of ``pool`` (the pool the job ran on,
+    recorded on its ``JobSite``; the site's first pool when ``None``) and the time-weighted mean
+    of its carbon readings over the run (``scheduling.energy``); the pool's default intensity
+    where it has no reading. ``None`` when the site has no pool."""
     from federation.models import CarbonReading, ComputePool
     from federation.scheduling import energy
 
-    pool = ComputePool.objects.filter(site=site).order_by("pk").first()
+    if pool is None or pool.site_id != site.pk:
+        pool = ComputePool.objects.filter(site=site).order_by("pk").first()
     if pool is None:
         return None
     kwh = energy.energy_kwh(
@@ -322,7 +324,8 @@ def site_energy(*, site, cpu_seconds: float, start, end, gpu_seconds: float = 0.
 
 def job_energy(*, job: FederatedJob) -> list[dict]:
     """Energy and emissions per site of a job from its metering: ``[{"site", "cpu_seconds",
-    "energy_kwh", "intensity_g_per_kwh", "emissions_g"}]`` (``site_energy`` per site)."""
+    "energy_kwh", "intensity_g_per_kwh", "emissions_g"}]`` (``site_energy`` per site, with the
+    site's reserved GPUs × the seconds since the start as GPU seconds)."""
     from django.db.models import Sum
     from django.utils import timezone
 
@@ -330,9 +333,17 @@ def job_energy(*, job: FederatedJob) -> list[dict]:
         return []
     end = job.finished_at or timezone.now()
     rows = []
-    for js in job.sites.select_related("site"):
+    held = max(0.0, (end - job.started_at).total_seconds())
+    for js in job.sites.select_related("site", "pool"):
         cpu = js.round_metrics.aggregate(s=Sum("cpu_seconds"))["s"] or 0.0
-        figures = site_energy(site=js.site, cpu_seconds=cpu, start=job.started_at, end=end)
+        figures = site_energy(
+            site=js.site,
+            pool=js.pool,
+            cpu_seconds=cpu,
+            gpu_seconds=js.gpus * held,  # no GPU time is metered: a reserved GPU is held
+            start=job.started_at,
+            end=end,
+        )
         if figures is None:
             continue
         kwh, intensity, grams = figures

@@ -564,6 +564,9 @@ def job_launch(*, job_id: int) -> FederatedJob:
         decision = decisions.get(job.pk)
         if job.status != JobStatus.QUEUED or decision is None or decision.action != "start":
             return job
+        # The pool of each site the pass chose for the job's request (several pools per site).
+        for site_id, pool_id in admission.pool_of_sites(decision).items():
+            JobSite.objects.filter(job=job, site_id=site_id).update(pool_id=pool_id)
         job.status = JobStatus.LAUNCHING
         job.status_detail = "submitting the run to the SuperLink"
         job.started_at = timezone.now()

@@ -22,6 +22,7 @@ urlpatterns = [
     path("<int:pk>/resume/", views.job_resume, name="job_resume"),
     path("callback/<int:pk>/", views.job_callback, name="job_callback"),
     path("releases/<int:pk>/decide/", views.release_decide, name="release_decide"),
+    path("sites/<int:site_pk>/pools/new/", pool_views.pool_create, name="pool_create"),
     path("pools/<int:pk>/", pool_views.pool_edit, name="pool_edit"),
     path("pools/<int:pk>/carbon/", pool_views.pool_carbon_upload, name="pool_carbon_upload"),
     path("pools/<int:pk>/queue/", pool_views.pool_queue, name="pool_queue"),

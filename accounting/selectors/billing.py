@@ -81,6 +81,45 @@ def invoice_lines(*, invoice):
     )
 
 
+def invoice_footprint(*, invoice) -> dict:
+    """Energy and emissions of the invoice's compute lines (issue 15 point 5).
+
+    ``{"used": {...}, "provided": {...}}``: ``used`` sums the ``compute_charge`` lines (the work
+    the institution's projects' jobs did, on any pool, its own included), ``provided`` the
+    ``compute_credit`` lines (the work its pools did for other institutions' jobs). Each is
+    ``{"energy_kwh": float (kWh), "emissions_g": float (gCO2e), "lines": int, "unmeasured":
+    int}``, ``unmeasured`` counting lines without figures (left out of the sums). One query.
+    """
+    out = {}
+    rows = invoice.entries.filter(
+        kind__in=[BillingKind.COMPUTE_CHARGE, BillingKind.COMPUTE_CREDIT]
+    ).values_list("kind", "energy_kwh", "emissions_g")
+    sums = {
+        BillingKind.COMPUTE_CHARGE: [0.0, 0.0, 0, 0],
+        BillingKind.COMPUTE_CREDIT: [0.0, 0.0, 0, 0],
+    }
+    for kind, kwh, grams in rows:
+        acc = sums[kind]
+        acc[2] += 1
+        if kwh is None or grams is None:
+            acc[3] += 1
+            continue
+        acc[0] += kwh
+        acc[1] += grams
+    for name, kind in (
+        ("used", BillingKind.COMPUTE_CHARGE),
+        ("provided", BillingKind.COMPUTE_CREDIT),
+    ):
+        kwh, grams, lines, unmeasured = sums[kind]
+        out[name] = {
+            "energy_kwh": kwh,
+            "emissions_g": grams,
+            "lines": lines,
+            "unmeasured": unmeasured,
+        }
+    return out
+
+
 def _months(end: dt.date, count: int) -> list[dt.date]:
     months = [month_start(end)]
     while len(months) < count:

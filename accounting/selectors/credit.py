@@ -18,6 +18,7 @@ from accounting.models import (
     ContributorKind,
     CreditStatement,
     ShareMethod,
+    UsageRecord,
 )
 from accounting.selectors.contribution import VOLUME_REASONS, volume_basis, whole_run_shares
 from federation.method import method_document
@@ -138,6 +139,11 @@ class CreditView:
         change after submission, so a stored statement and its exports always agree with it."""
         return {**method_document(self.job), "contribution": contribution_basis(job=self.job)}
 
+    @cached_property
+    def footprint(self) -> dict | None:
+        """Energy and emissions of the job (:func:`job_footprint`), ``None`` before usage."""
+        return job_footprint(job=self.job)
+
     @property
     def method_lines(self) -> list[tuple[str, str]]:
         """``(label, text)`` lines of :attr:`method` (``credit.method_lines``)."""
@@ -145,14 +151,26 @@ class CreditView:
 
     @property
     def text(self) -> str:
-        """The text export: the paragraph, then the method lines (``credit.statement_text``)."""
-        return credit.statement_text(self.paragraph, self.method)
+        """The text export: the paragraph, then the method lines (``credit.statement_text``),
+        then, once usage is recorded, one ``Energy and emissions:`` line (total, then per site)."""
+        text = credit.statement_text(self.paragraph, self.method)
+        fp = self.footprint
+        if fp is None:
+            return text
+        sites = "; ".join(
+            f"{r['site']} {r['energy_kwh']:.3f} kWh, {r['emissions_g']:.0f} gCO2e"
+            for r in fp["sites"]
+        )
+        return (
+            text + f"Energy and emissions: {fp['energy_kwh']:.3f} kWh, "
+            f"{fp['emissions_g']:.0f} gCO2e ({sites})\n"
+        )
 
     def document(self) -> dict:
         """The JSON export (``credit.statement_document``, schema ``frp-credit/1``)."""
         statement = self.statement
         editor = statement.edited_by if statement is not None else None
-        return credit.statement_document(
+        document = credit.statement_document(
             job={"id": self.job.pk, "title": self.job.title, "status": self.job.status},
             project={"slug": self.job.project.slug, "title": self.job.project.title},
             contributors=self.contributors,
@@ -163,6 +181,8 @@ class CreditView:
             if statement is not None and statement.edited_at
             else None,
         )
+        document["footprint"] = self.footprint
+        return document
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,6 +341,35 @@ def contribution_basis(*, job) -> dict:
 # ---------------------------------------------------------------------------------------------
 # A job's credit
 # ---------------------------------------------------------------------------------------------
+
+
+def job_footprint(*, job) -> dict | None:
+    """The job's energy and emissions per site, summed over its runs' usage records (issue 15).
+
+    ``{"sites": [{"site": slug, "institution": name, "energy_kwh": float (kWh), "emissions_g":
+    float (gCO2e)}] by site slug, "energy_kwh": total, "emissions_g": total}``; a record without
+    figures counts 0. ``None`` when the job has no usage record yet. One query.
+    """
+    rows = (
+        UsageRecord.objects.filter(job=job)
+        .order_by("site__slug", "run")
+        .values_list("site__slug", "site__institution__name", "energy_kwh", "emissions_g")
+    )
+    sites: dict[str, dict] = {}
+    for slug, institution, kwh, grams in rows:
+        row = sites.setdefault(
+            slug, {"site": slug, "institution": institution, "energy_kwh": 0.0, "emissions_g": 0.0}
+        )
+        row["energy_kwh"] += kwh or 0.0
+        row["emissions_g"] += grams or 0.0
+    if not sites:
+        return None
+    lines = list(sites.values())
+    return {
+        "sites": lines,
+        "energy_kwh": sum(r["energy_kwh"] for r in lines),
+        "emissions_g": sum(r["emissions_g"] for r in lines),
+    }
 
 
 def statement_lines(statement: CreditStatement) -> list[CreditLine]:

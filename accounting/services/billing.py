@@ -9,8 +9,15 @@ The rules, in one place (the docstrings below give the details):
 * **Service units** follow Slurm's ``TRESBillingWeights`` (slurm.conf(5), "TRESBillingWeights";
   priority/multifactor "billing" TRES): *allocated* TRES × elapsed time, i.e. reserved cores,
   memory and GPUs of the ClientApp × its wall-clock hours. Measured CPU seconds are not billed.
-* **Money** is ``Decimal``; service units are rounded to 4 decimals and amounts to cents, both
-  ``ROUND_HALF_UP``, so every invoice line can be re-computed as (shown SU × price).
+* **Time-of-use prices** (ADR 0030): a site's held time is the interval that ends when its run
+  ended (``[ended − held, ended)``); it is cut where the pool's time-of-use price bands
+  (``federation.models.PriceBand``, weekly, in the pool's time zone) change, and each piece is
+  priced at the band price in force during it, or at the price rule's ``price_per_unit`` outside
+  every band. Only totals are metered per site, so its usage is taken as spread uniformly over
+  that interval: a piece's service units are the SU per hour × its seconds.
+* **Money** is ``Decimal``; service units are rounded to 4 decimals per piece and amounts to
+  cents per line, both ``ROUND_HALF_UP``, so every invoice line can be re-computed as
+  Σ (shown SU × price) of its pieces (one piece when the run stays inside one price).
 * **Own-institution use** (the job's project and the site belong to the same institution) is
   recorded as a ``compute_charge`` of 0.00 with its service units (show-back, no money moves)
   and no credit, so every usage record leaves exactly one compute trace.
@@ -46,6 +53,8 @@ from accounting.models import (
 from accounting.selectors.contribution import whole_run_shares
 from accounting.services.usage import run_ordinal
 from federation.models import FederatedJob, JobStatus
+from federation.pool_selectors import pool_price_bands
+from federation.scheduling import calendar as tou
 from portal.ledger.services import ledger_append
 from portal.models import Site
 from portal.services import audit_record
@@ -200,17 +209,84 @@ def service_units(*, usage: UsageRecord, rule: PriceRule) -> Decimal:
     memory and GPUs have no "used seconds" to bill by. Floats (seconds) enter as their shortest
     decimal repr (``str(float)``).
     """
-    held = usage.reserved_seconds if usage.reserved_seconds is not None else usage.wall_seconds
-    wall = Decimal(str(held))
-    per_hour = _CONTEXT.add(
+    return _units(_per_hour(usage, rule), Decimal(str(_held(usage))))
+
+
+def _held(usage: UsageRecord) -> float:
+    """Seconds billed: the slot time held (``reserved_seconds``), else the ClientApp's wall."""
+    return usage.reserved_seconds if usage.reserved_seconds is not None else usage.wall_seconds
+
+
+def _per_hour(usage: UsageRecord, rule: PriceRule) -> Decimal:
+    """Service units per hour of ``usage``'s reserved cores, memory and GPUs under ``rule``."""
+    return _CONTEXT.add(
         _CONTEXT.add(
             _CONTEXT.multiply(rule.cpu_weight, Decimal(usage.cores)),
             _CONTEXT.multiply(rule.memory_weight, Decimal(usage.memory_gib)),
         ),
         _CONTEXT.multiply(rule.gpu_weight, Decimal(usage.gpus)),
     )
-    units = _CONTEXT.divide(_CONTEXT.multiply(per_hour, wall), SECONDS_PER_HOUR)
+
+
+def _units(per_hour: Decimal, seconds: Decimal) -> Decimal:
+    units = _CONTEXT.divide(_CONTEXT.multiply(per_hour, seconds), SECONDS_PER_HOUR)
     return units.quantize(SU_PLACES, rounding=ROUND_HALF_UP, context=_CONTEXT)
+
+
+@dataclass(frozen=True)
+class PricedPiece:
+    """A part of a site's held time at one time-of-use price: ``[start, end)`` (aware, UTC),
+    ``seconds`` (``Decimal``), ``service_units`` (rounded to 4 places) and ``price`` (currency
+    per service unit)."""
+
+    start: dt.datetime
+    end: dt.datetime
+    seconds: Decimal
+    service_units: Decimal
+    price: Decimal
+
+    def as_dict(self) -> dict:
+        """The piece as stored in ``BillingEntry.price_detail`` (strings, ISO 8601 UTC)."""
+        return {
+            "from": self.start.astimezone(dt.UTC).isoformat(),
+            "to": self.end.astimezone(dt.UTC).isoformat(),
+            "seconds": format(self.seconds.normalize(), "f"),
+            "service_units": str(self.service_units),
+            "price": str(self.price.quantize(SU_PLACES)),
+        }
+
+
+def priced_pieces(
+    *, usage: UsageRecord, rule: PriceRule, ended_at: dt.datetime, bands=(), tz: str = "UTC"
+) -> list[PricedPiece]:
+    """``usage`` cut into pieces of one time-of-use price each (the module's rule).
+
+    The held seconds (``reserved_seconds``, else ``wall_seconds``) are the interval
+    ``[ended_at − held, ended_at)``; ``bands`` (``federation.scheduling.calendar.PriceBand``
+    with ``Decimal`` prices, read in ``tz``) price the hours they cover, ``rule.price_per_unit``
+    the others (``calendar.price_segments``). Only totals are metered per site, so the usage is
+    spread uniformly over the interval: a piece holds SU per hour × its seconds, rounded half-up
+    to 4 places; the last piece takes the seconds left so the pieces sum to the held seconds
+    exactly. One piece (the figures of ``service_units``) when the run meets one price only.
+    """
+    held = Decimal(str(_held(usage)))
+    per_hour = _per_hour(usage, rule)
+    start = ended_at - dt.timedelta(seconds=float(held))
+    schedule = tou.price_segments(bands, rule.price_per_unit, start=start, end=ended_at, tz=tz) or [
+        (start, ended_at, rule.price_per_unit)
+    ]
+    if len(schedule) == 1:
+        lo, hi, price = schedule[0]
+        return [PricedPiece(lo, hi, held, _units(per_hour, held), Decimal(price))]
+    pieces, used = [], Decimal(0)
+    for k, (lo, hi, price) in enumerate(schedule):
+        if k == len(schedule) - 1:
+            seconds = held - used
+        else:
+            seconds = Decimal(str((hi - lo).total_seconds()))
+            used += seconds
+        pieces.append(PricedPiece(lo, hi, seconds, _units(per_hour, seconds), Decimal(price)))
+    return pieces
 
 
 def money(value: Decimal) -> Decimal:
@@ -255,6 +331,9 @@ class _Line:
     currency: str
     run: int
     billed_on: dt.date  # the day that picked the price rule; its month picks the invoice
+    pieces: tuple = ()  # PricedPiece of a compute line
+    energy_kwh: float | None = None  # a compute line's usage (kWh)
+    emissions_g: float | None = None  # … and its gCO2e
 
 
 def _data_shares(job) -> dict[int, Decimal]:
@@ -265,9 +344,12 @@ def _data_shares(job) -> dict[int, Decimal]:
     return shares if sum(shares.values(), Decimal(0)) > 0 else {}
 
 
-def _site_pool(site):
-    """The compute pool that ran ``site``'s part of a job: the site's pool (its first by id when
-    it has several, until a job records the pool it ran on), or ``None`` for a site without one."""
+def _site_pool(site, chosen=None):
+    """The compute pool that ran ``site``'s part of a job: ``chosen`` (the pool recorded on the
+    job's ``JobSite``, one of the site's pools) when given, else the site's first pool by id
+    (jobs launched before pools were chosen), or ``None`` for a site without one."""
+    if chosen is not None and chosen.site_id == site.pk:
+        return chosen
     return min(site.pools.all(), key=lambda pool: pool.pk, default=None)
 
 
@@ -293,17 +375,34 @@ def _job_lines(job, finished_on: dt.date) -> list[_Line]:
         .select_related("site__institution")
         .prefetch_related("site__pools")
     )
+    chosen = {js.site_id: js.pool for js in job.sites.select_related("pool")}
     for usage in usages.order_by("site__slug", "run"):
-        pool = _site_pool(usage.site)
+        pool = _site_pool(usage.site, chosen.get(usage.site_id))
         day = _usage_day(usage, finished_on)
         rule = None if pool is None else price_rule_in_effect(pool=pool, day=day)
         if rule is None:
             continue
-        units = service_units(usage=usage, rule=rule)
-        value = money(units * rule.price_per_unit)
+        pieces = tuple(
+            priced_pieces(
+                usage=usage,
+                rule=rule,
+                ended_at=usage.ended_at or job.finished_at,
+                bands=pool_price_bands(pool),
+                tz=pool.time_zone,
+            )
+        )
+        units = sum((p.service_units for p in pieces), Decimal(0))
+        value = money(sum((p.service_units * p.price for p in pieces), Decimal(0)))
         provider = usage.site.institution
         own = provider.pk == payer.pk
-        common = {"rule": rule, "service_units": units, "currency": rule.currency}
+        common = {
+            "rule": rule,
+            "service_units": units,
+            "currency": rule.currency,
+            "pieces": pieces,
+            "energy_kwh": usage.energy_kwh,
+            "emissions_g": usage.emissions_g,
+        }
         lines.append(
             _Line(
                 site=usage.site,
@@ -425,7 +524,9 @@ def job_bill(*, job) -> list[BillingEntry]:
     ``job.finished_at``, in the portal's time zone; no rule: not billed):
 
     * ``compute_charge`` to the project's institution and ``compute_credit`` to the site's
-      institution, both ``money(SU × price_per_unit)`` (see ``service_units``), keyed by the
+      institution, both ``money(Σ SU × price)`` over the line's time-of-use pieces (see
+      ``priced_pieces``; stored in ``price_detail``), each carrying the usage record's
+      ``energy_kwh`` and ``emissions_g`` (copied, so an issued line never changes), keyed by the
       record's run; own-institution use: a ``compute_charge`` of 0.00 carrying the SU, no credit;
     * when ``data_credit_rate`` > 0 and the job COMPLETED: ``data_charge`` = the sum over the
       compute site's runs of ``money(rate × SU × price)`` (computed on the compute value even
@@ -470,6 +571,9 @@ def job_bill(*, job) -> list[BillingEntry]:
                 "price_rule": line.rule,
                 "service_units": line.service_units,
                 "amount": line.amount,
+                "price_detail": [p.as_dict() for p in line.pieces],
+                "energy_kwh": line.energy_kwh,
+                "emissions_g": line.emissions_g,
                 "currency": line.currency,
             },
         )
@@ -481,9 +585,16 @@ def job_bill(*, job) -> list[BillingEntry]:
         entry.invoice = invoice
         entry.save(update_fields=["invoice"])
         touched[invoice.pk] = invoice
+        record = {}
+        if line.pieces:  # compute lines: [from, to, SU, price] of each time-of-use piece
+            record["priced"] = [
+                [d["from"], d["to"], d["service_units"], d["price"]]
+                for d in (p.as_dict() for p in line.pieces)
+            ]
         ledger_append(
             kind="charge" if line.kind in CHARGE_KINDS else "credit",
-            record={
+            record=record
+            | {
                 "entry": entry.pk,
                 "job": job.pk,
                 "site": line.site.slug,

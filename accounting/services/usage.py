@@ -75,7 +75,10 @@ def usage_record_job(*, job: FederatedJob) -> list[UsageRecord]:
     completed (``ok``); ``cpu_seconds``/``wall_seconds`` (seconds), ``examples`` (train +
     evaluation examples), ``bytes_received``/``bytes_sent`` (bytes of model ArrayRecords, see
     ``SiteRoundMetric``) summed over every round of the run it replied to, plus its part of the
-    contribution evaluation; ``reserved_seconds`` = the run's start to its end. Sites with no
+    contribution evaluation; ``reserved_seconds`` = the run's start to its end; ``energy_kwh`` =
+    (CPU seconds × the pool's W per core + reserved GPUs × ``reserved_seconds`` × W per GPU) ÷
+    3.6e6 and ``emissions_g`` = that × the pool's mean intensity over the run
+    (``federation.selectors.site_energy``). Sites with no
     metered round and no contribution work get no record. ``flower_*`` stay null: flwr 1.42
     reports compute time and traffic only per run (kept in ``job.final_metrics["flower"]``),
     never per site.
@@ -125,7 +128,7 @@ def usage_record_job(*, job: FederatedJob) -> list[UsageRecord]:
             else None
         )
         records = []
-        for js in job.sites.select_related("site").order_by("site__slug"):
+        for js in job.sites.select_related("site", "pool").order_by("site__slug"):
             row = sums.get(js.pk)
             more = extra.get(js.site.slug) or {}
             if row is None and not more:
@@ -147,12 +150,15 @@ def usage_record_job(*, job: FederatedJob) -> list[UsageRecord]:
                 "memory_gib": js.memory_gib,
                 "gpus": js.gpus,
             }
-            # Energy and emissions (issue 15): metered CPU seconds at the pool's power draw and
-            # the grid's carbon intensity during the run.
+            # Energy and emissions (issue 15): metered CPU seconds at the pool's W per core, and
+            # the reserved GPUs for the held time (the ClientApp meters no GPU time; a GPU is
+            # held for the whole run) at its W per GPU, times the grid's intensity during the run.
             figures = (
                 site_energy(
                     site=js.site,
+                    pool=js.pool,
                     cpu_seconds=values["cpu_seconds"],
+                    gpu_seconds=js.gpus * (reserved or 0.0),
                     start=job.started_at,
                     end=job.finished_at,
                 )

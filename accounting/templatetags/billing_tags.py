@@ -35,3 +35,13 @@ def signed_amount(entry) -> str:
         return "0.00"
     sign = "−" if entry.kind in CREDIT_KINDS else "+"
     return f"{sign}{entry.amount:,.2f}"
+
+
+@register.filter
+def piece_span(piece: dict) -> str:
+    """A time-of-use piece's interval (``BillingEntry.price_detail`` item, ISO 8601 UTC) as
+    ``"2025-03-12 21:30 → 22:00 UTC"`` (the end's date shown only when it differs)."""
+    start, end = str(piece.get("from", "")), str(piece.get("to", ""))
+    head = start[:10] + " " + start[11:16]
+    tail = end[11:16] if end[:10] == start[:10] else end[:10] + " " + end[11:16]
+    return f"{head} → {tail} UTC"

@@ -91,13 +91,19 @@ def billing(request, slug: str):
 
 @login_required
 def invoice_detail(request, pk: int):
-    """One invoice: totals, status, and its lines per job, site and kind (50 per page)."""
+    """One invoice: totals, energy and emissions, status, and its lines per job, site and kind
+    (50 per page), each compute line with its time-of-use pieces."""
     invoice = get_object_or_404(selectors.invoices_for_user(user=request.user), pk=pk)
     page = Paginator(selectors.invoice_lines(invoice=invoice), 50).get_page(request.GET.get("page"))
     return render(
         request,
         "accounting/billing/invoice_detail.html",
-        {"invoice": invoice, "institution": invoice.institution, "page_obj": page},
+        {
+            "invoice": invoice,
+            "institution": invoice.institution,
+            "page_obj": page,
+            "footprint": selectors.invoice_footprint(invoice=invoice),
+        },
     )
 
 
@@ -120,6 +126,8 @@ CSV_HEADER = [
     "signed_amount",
     "currency",
     "job_finished_at",
+    "energy_kwh",
+    "emissions_g",
 ]
 
 
@@ -147,6 +155,8 @@ def invoice_csv_rows(invoice):
             e.amount if charge else -e.amount,
             e.currency,
             _iso(e.job.finished_at),
+            e.energy_kwh,
+            e.emissions_g,
         ]
 
 

@@ -121,3 +121,53 @@ def intensity(
         else:
             out.append(float(default))
     return out
+
+
+def price_segments(
+    bands: Iterable[PriceBand],
+    base_price,
+    *,
+    start: datetime,
+    end: datetime,
+    tz: str,
+) -> list[tuple[datetime, datetime, object]]:
+    """The time-of-use price schedule over ``[start, end)`` (aware datetimes): a list of
+    ``(from, to, price)`` pieces that tile the interval, in order, adjacent pieces of equal price
+    merged. A piece's price is that of the first band covering its start (the rule of
+    ``time_of_use``), else ``base_price``; bands change only on their own edges and at local
+    midnight, so the pieces are exact (not on the scheduler's grid). ``price`` is returned as
+    given (``float`` in the scheduler, ``Decimal`` in billing). An empty interval gives ``[]``.
+    Raises ``ValueError`` for naive datetimes.
+    """
+    if start.tzinfo is None or end.tzinfo is None:
+        raise ValueError("start and end must be aware datetimes")
+    if end <= start:
+        return []
+    zone = ZoneInfo(tz)
+    bands = list(bands)
+    first = start.astimezone(zone).date() - timedelta(days=1)
+    last = end.astimezone(zone).date() + timedelta(days=1)
+    edges = {start, end}
+    day = first
+    while day <= last:
+        midnight = datetime(day.year, day.month, day.day, tzinfo=zone)
+        minutes = {0}
+        for band in bands:
+            if band.span.weekday == day.weekday():
+                minutes.update((band.span.start_minute, band.span.end_minute))
+        for minute in minutes:
+            local = midnight + timedelta(minutes=minute)  # wall-clock arithmetic in ``zone``
+            at = local.astimezone(start.tzinfo)
+            if start < at < end:
+                edges.add(at)
+        day += timedelta(days=1)
+    points = sorted(edges)
+    pieces: list[tuple[datetime, datetime, object]] = []
+    for lo, hi in zip(points, points[1:], strict=False):
+        local = lo.astimezone(zone)
+        price = next((b.price for b in bands if b.span.covers(local)), base_price)
+        if pieces and pieces[-1][2] == price:
+            pieces[-1] = (pieces[-1][0], hi, price)
+        else:
+            pieces.append((lo, hi, price))
+    return pieces

@@ -132,6 +132,9 @@ class Job:
 
     ``duration_s``: estimated run time; ``deadline_s``: results wanted by (``None`` = none);
     ``budget_cap``: the most it may cost (``None`` = no cap); ``gpu_model``: required model, if any.
+    ``alternatives``: for a key of ``demands``, other pools that may serve that request instead
+    (the other pools of the same site); the scheduler picks one pool per key
+    (``scheduler.pool_choices``) and says which in ``Decision.pools``.
     """
 
     id: int
@@ -145,6 +148,7 @@ class Job:
     qos: str = "normal"
     preemptible: bool = False
     gpu_model: str = ""
+    alternatives: Mapping[int, Sequence[int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +207,11 @@ class Snapshot:
 class Decision:
     """The decision for one job. For START / PLAN / WAIT ``start_s``/``end_s`` are the (estimated)
     run, ``cost`` in the pools' currency, ``energy_kwh`` and ``emissions_g`` for that run (``None``
-    when no start within the horizon is possible). ``late``: the run ends after the deadline."""
+    when no start within the horizon is possible). ``late``: the run ends after the deadline.
+    ``pools``: the pool chosen for each key of the job's ``demands`` (``{key: pool id}``; the key
+    itself unless an alternative was chosen), for every START and every decision of a job with
+    ``alternatives``; empty otherwise (REFUSE, PREEMPT, and a job without alternatives that does
+    not start: its keys are its pools)."""
 
     job_id: int
     action: Action
@@ -216,3 +224,4 @@ class Decision:
     emissions_g: float | None = None
     late: bool = False
     detail: str = ""
+    pools: Mapping[int, int] = field(default_factory=dict)

@@ -32,11 +32,21 @@ Algorithm (per pass):
 
 Cost and emissions of a run: Σ over its pools and steps of price × service units × hours and
 intensity × power × hours, scaled to ``duration_s`` (the last step is partly used).
+
+Several pools per site (``Job.alternatives``): before a job is placed, each of its requests picks
+one pool among the key's pool and its alternatives (``pool_choices``): only pools that can ever
+hold the request (cores, GiB, GPUs, GPU model) are candidates, ranked best fit first (fewest
+GPUs left idle, then cores, then GiB, then the order given), so a CPU job goes to a CPU pool and
+a GPU job to the GPU pool. Among the combinations (at most ``MAX_POOL_CHOICES``, best fit first)
+the one with the earliest feasible start on the profile as it stands wins, ties to the better
+fit; ``Decision.pools`` names it.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -53,6 +63,9 @@ from federation.scheduling.model import (
 from federation.scheduling.priority import fairshare_factors, job_priority
 
 _EPS = 1e-9
+
+#: The most pool combinations (one pool per request) tried for one job in a pass.
+MAX_POOL_CHOICES = 16
 
 
 def _series(values, steps: int, default: float) -> np.ndarray:
@@ -311,21 +324,81 @@ def _order(snapshot: Snapshot, config: Config) -> list[tuple[int, Job]]:
     return scored
 
 
+def _misfit(job: Job, pid: int, r, prof: _Profile) -> str:
+    """Why pool ``pid`` can never hold request ``r`` of ``job``, or ``""``."""
+    i = prof.index.get(pid)
+    if i is None:
+        return f"pool {pid} is not in the federation"
+    pool = prof.pools[i]
+    if job.gpu_model and r.gpus and pool.gpu_model != job.gpu_model:
+        return f"pool {pid} has no {job.gpu_model} GPUs"
+    cap = prof.cap_rows[i]
+    if r.cores > cap[1] + _EPS or r.memory_gib > cap[2] + _EPS or r.gpus > cap[3] + _EPS:
+        return f"pool {pid} has less than the job asks for"
+    return ""
+
+
 def _unservable(job: Job, prof: _Profile) -> str:
     """A reason the job can never run on these pools, or ``""``."""
     for pid, r in job.demands.items():
-        i = prof.index.get(pid)
-        if i is None:
-            return f"pool {pid} is not in the federation"
-        pool = prof.pools[i]
-        if job.gpu_model and r.gpus and pool.gpu_model != job.gpu_model:
-            return f"pool {pid} has no {job.gpu_model} GPUs"
-        cap = prof.cap_rows[i]
-        if r.cores > cap[1] + _EPS or r.memory_gib > cap[2] + _EPS or r.gpus > cap[3] + _EPS:
-            return f"pool {pid} has less than the job asks for"
+        problem = _misfit(job, pid, r, prof)
+        if problem:
+            return problem
     if not job.demands:
         return "the job asks for no pool"
     return ""
+
+
+def pool_choices(job: Job, prof: _Profile) -> list[dict[int, int]] | str:
+    """The pool combinations ``job`` may run on, best fit first: ``[{demand key: pool id}]``
+    (at most ``MAX_POOL_CHOICES``, each with distinct pools), or the reason (``str``) when some
+    request has no pool that can ever hold it (that of the key's own pool).
+
+    Candidates of a key: the key and its ``job.alternatives`` (in that order, unknown pools
+    dropped) that fit the request (``_misfit``), ranked by (GPUs the pool has beyond the request,
+    cores beyond, GiB beyond, position): a CPU request prefers a pool without GPUs.
+    """
+    ranked = []
+    for key, r in job.demands.items():
+        fitting = []
+        for pos, pid in enumerate(dict.fromkeys([key, *job.alternatives.get(key, ())])):
+            if pid in prof.index and not _misfit(job, pid, r, prof):
+                cap = prof.cap_rows[prof.index[pid]]
+                spare = (cap[3] - r.gpus, cap[1] - r.cores, cap[2] - r.memory_gib, pos)
+                fitting.append((spare, pid))
+        if not fitting:
+            return _misfit(job, key, r, prof) or "the job asks for no pool"
+        ranked.append([(key, pid) for _, pid in sorted(fitting)])
+    out = []
+    for combo in itertools.product(*ranked):
+        if len({pid for _, pid in combo}) == len(combo):
+            out.append(dict(combo))
+            if len(out) == MAX_POOL_CHOICES:
+                break
+    return out or "the job's requests need more pools than its sites have"
+
+
+def _with_pools(job: Job, chosen: dict[int, int]) -> Job:
+    if all(k == v for k, v in chosen.items()):
+        return job
+    return replace(job, demands={chosen[k]: r for k, r in job.demands.items()}, alternatives={})
+
+
+def _earliest_choice(job: Job, choices: list[dict[int, int]], prof: _Profile) -> dict[int, int]:
+    """The combination with the earliest feasible start on ``prof`` (gang, windows, quotas,
+    SuperNodes online), ties to the better fit; the best fit when none can start."""
+    best, best_t = choices[0], math.inf
+    for chosen in choices:
+        req = _Request(_with_pools(job, chosen), prof)
+        if not all(prof.online[i] for i in req.idx):
+            continue
+        first = np.flatnonzero(req.starts(prof))
+        t = int(first[0]) if len(first) else math.inf
+        if t < best_t:
+            best, best_t = chosen, t
+            if t == 0:
+                break
+    return best
 
 
 def schedule(snapshot: Snapshot, config: Config | None = None) -> list[Decision]:
@@ -368,7 +441,18 @@ def schedule(snapshot: Snapshot, config: Config | None = None) -> list[Decision]
             detail=detail,
         )
 
+    chosen_pools: dict[int, dict[int, int]] = {}
     for prio, job in _order(snapshot, config):
+        if job.alternatives:  # several pools at a site: pick one per request first
+            choices = pool_choices(job, prof)
+            if isinstance(choices, str):
+                decisions.append(
+                    Decision(job.id, Action.REFUSE, Reason.RESOURCES, prio, detail=choices)
+                )
+                continue
+            chosen = choices[0] if len(choices) == 1 else _earliest_choice(job, choices, prof)
+            chosen_pools[job.id] = chosen
+            job = _with_pools(job, chosen)
         problem = _unservable(job, prof)
         if problem:
             decisions.append(
@@ -491,6 +575,14 @@ def schedule(snapshot: Snapshot, config: Config | None = None) -> list[Decision]
             decisions.append(decide(req, prio, Action.PLAN, reason, t, late, cost=cost))
         else:
             decisions.append(decide(req, prio, Action.WAIT, reason, t, late, cost=cost))
+    demands = {j.id: j.demands for j in snapshot.queued}
+    for k, d in enumerate(decisions):
+        if d.action is Action.REFUSE:
+            continue
+        if d.job_id in chosen_pools:
+            decisions[k] = replace(d, pools=chosen_pools[d.job_id])
+        elif d.action is Action.START:  # its keys are its pools
+            decisions[k] = replace(d, pools={pid: pid for pid in demands[d.job_id]})
     return decisions + preempted
 
 

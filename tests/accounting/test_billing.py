@@ -241,6 +241,8 @@ def test_job_bill_appends_each_entry_to_the_ledger(world):
         "currency": "EUR",
         "invoice": entry.invoice_id,
         "month": "2025-03-01",
+        # One time-of-use piece (pool B has no bands): the 1.5 h held up to the 12:00 finish.
+        "priced": [["2025-03-10T10:30:00+00:00", "2025-03-10T12:00:00+00:00", "24.0000", "0.0400"]],
     }
     assert json.loads(leaves[1].data)["institution"] == "inst-b"
     assert {e.pk for e in created} == set(BillingEntry.objects.values_list("pk", flat=True))

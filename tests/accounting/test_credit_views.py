@@ -209,6 +209,7 @@ def test_json_export_is_the_hand_written_document(world):
         "state": "draft",
         "edited_by": None,
         "edited_at": None,
+        "footprint": None,  # no usage recorded
         "contributors": [
             {
                 "position": 1,
@@ -435,3 +436,44 @@ def test_job_page_shows_credit_card(world):
 
 def _text_of(fragment: str) -> str:
     return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", fragment)))
+
+
+def test_statement_shows_energy_and_emissions_per_site_summed_over_runs(world):
+    from tests.factories import BillingUsageFactory
+
+    # Hospital A's site ran twice (the job was resumed): 0.5 + 0.25 = 0.75 kWh, 100 + 50 = 150 g;
+    # B once: 1.0 kWh, 200 g; C has no usage record. Total 1.75 kWh, 350 g.
+    for site, run, kwh, grams in (("A", 1, 0.5, 100.0), ("A", 2, 0.25, 50.0), ("B", 1, 1.0, 200.0)):
+        BillingUsageFactory(
+            job=world.job, site=world.sites[site], run=run, energy_kwh=kwh, emissions_g=grams
+        )
+    client = _client(world, "uma")
+
+    doc = json.loads(client.get(_url(world, "credit.json")).content)
+    assert doc["footprint"] == {
+        "sites": [
+            {
+                "site": "site-a",
+                "institution": "Hospital A",
+                "energy_kwh": 0.75,
+                "emissions_g": 150.0,
+            },
+            {
+                "site": "site-b",
+                "institution": "Hospital B",
+                "energy_kwh": 1.0,
+                "emissions_g": 200.0,
+            },
+        ],
+        "energy_kwh": 1.75,
+        "emissions_g": 350.0,
+    }
+    page = _text(client.get(_url(world)))
+    assert "Energy and emissions" in page
+    assert "site-a Hospital A 0.750 kWh 150 gCO2e" in page
+    assert "Total 1.750 kWh 350 gCO2e" in page
+    text = client.get(_url(world, "credit.txt")).content.decode()
+    assert text.endswith(
+        "Energy and emissions: 1.750 kWh, 350 gCO2e "
+        "(site-a 0.750 kWh, 150 gCO2e; site-b 1.000 kWh, 200 gCO2e)\n"
+    )

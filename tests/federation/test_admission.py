@@ -160,3 +160,33 @@ def test_estimate_partial_lists_each_policy(world, client):
     duration = response.context["estimates"]["duration_s"]
     # 2 sites × 1 core × 2.00 per core-hour × the estimated hours
     assert asap["cost"] == Decimal(str(round(2 * 2 * duration / 3600, 2)))
+
+
+def test_gpu_and_cpu_jobs_go_to_the_pool_of_their_site_that_meets_them(
+    world, fake_superlink, launch
+):
+    # Each site: its first pool (CPU, 8 cores, no GPU) and a GPU pool (8 cores, 1 A100).
+    cpu = {p.site_id: p for p in _pools(world)}
+    gpu = {
+        site_id: ComputePool.objects.create(
+            site_id=site_id, name="gpu", cores=8, gpus=1, gpu_model="NVIDIA A100"
+        )
+        for site_id in cpu
+    }
+    gpu_job = launch(world, schedule={"cores": 2, "gpus": 1})
+    assert gpu_job.status == JobStatus.RUNNING
+    assert {js.site_id: js.pool_id for js in gpu_job.sites.all()} == {
+        s: p.pk for s, p in gpu.items()
+    }
+    cpu_job = launch(world, schedule={"cores": 2, "gpus": 0})
+    assert cpu_job.status == JobStatus.RUNNING  # best fit: the CPU pools, which are free
+    assert {js.site_id: js.pool_id for js in cpu_job.sites.all()} == {
+        s: p.pk for s, p in cpu.items()
+    }
+    # A second GPU job waits for the GPU pools (one slot each), not for the CPU pools.
+    second = launch(world, schedule={"cores": 2, "gpus": 1})
+    assert (second.status, second.sched_reason) == (JobStatus.QUEUED, "Resources")
+    assert {js.pool_id for js in second.sites.all()} == {None}  # chosen at launch
+    too_big = launch(world, schedule={"cores": 2, "gpus": 2})
+    assert too_big.status == JobStatus.FAILED
+    assert "less than the job asks for" in too_big.status_detail

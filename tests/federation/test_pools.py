@@ -315,6 +315,24 @@ def test_weekly_window_in_the_pools_time_zone():
     assert open_ == [False, False, True, True]
 
 
+def test_price_segments_cut_a_run_exactly_at_band_edges_in_local_time():
+    # Berlin is UTC+1: a Friday 22:00–24:00 local band at 0.03 is 21:00–23:00 UTC; a Saturday
+    # 00:00–06:00 band at 0.03 too continues it (merged); base 0.05 elsewhere.
+    bands = [
+        calendar.PriceBand(calendar.WeeklySpan(4, 1320, 1440), 0.03),
+        calendar.PriceBand(calendar.WeeklySpan(5, 0, 360), 0.03),
+    ]
+    start = datetime(2026, 12, 4, 20, 30, tzinfo=UTC)  # Friday 21:30 local
+    end = datetime(2026, 12, 5, 6, 15, tzinfo=UTC)  # Saturday 07:15 local
+    got = calendar.price_segments(bands, 0.05, start=start, end=end, tz="Europe/Berlin")
+    assert got == [
+        (start, datetime(2026, 12, 4, 21, tzinfo=UTC), 0.05),
+        (datetime(2026, 12, 4, 21, tzinfo=UTC), datetime(2026, 12, 5, 5, tzinfo=UTC), 0.03),
+        (datetime(2026, 12, 5, 5, tzinfo=UTC), end, 0.05),
+    ]
+    assert calendar.price_segments(bands, 0.05, start=end, end=end, tz="UTC") == []
+
+
 def test_mean_intensity_and_energy_by_hand():
     # 1,800 core-seconds at 10 W = 18,000 J = 0.005 kWh; 30 min at 300 then 30 min at 100 → 200.
     t0 = datetime(2026, 12, 1, 12, tzinfo=UTC)
@@ -334,3 +352,117 @@ def test_queue_page_shows_reason_and_estimate(client, pool, admin, world_job):
     html = client.get(reverse("federation:pool_queue", args=[pool.pk])).content.decode()
     assert f"#{world_job.pk} j" in html
     assert "Window" in html and "a pool is not lent at this time" in html
+
+
+# --- several pools per site ------------------------------------------------------------------
+
+
+def _new_pool_post(pool, **overrides):
+    data = _settings_post(pool, name="gpu", cores=8, gpus=2, gpu_model="NVIDIA A100 80GB")
+    for prefix in ("windows", "bands", "exceptions"):
+        for key in ("TOTAL_FORMS", "INITIAL_FORMS", "MIN_NUM_FORMS", "MAX_NUM_FORMS"):
+            data.pop(f"{prefix}-{key}")
+    data.update(overrides)
+    return data
+
+
+def test_admin_adds_a_second_pool_to_a_site(client, pool, admin):
+    client.force_login(admin)
+    url = reverse("federation:pool_create", args=[pool.site.pk])
+    assert client.get(url).status_code == 200
+
+    response = client.post(url, _new_pool_post(pool))
+
+    gpu = ComputePool.objects.get(site=pool.site, name="gpu")
+    assert response.status_code == 302 and response.url == reverse(
+        "federation:pool_edit", args=[gpu.pk]
+    )
+    assert (gpu.cores, gpu.gpus, gpu.gpu_model) == (8, 2, "NVIDIA A100 80GB")
+    assert pool.site.pools.count() == 2
+    event = AuditEvent.objects.get(action="pool.create")
+    assert event.data["pool"] == "gpu" and event.data["site"] == pool.site.slug
+    # The institution's Sites & pools page lists both, with the way to add another.
+    page = client.get(reverse("portal:institution_sites", args=[pool.site.institution.slug]))
+    html = page.content.decode()
+    assert f"<code>{pool.name}</code>" in html and "<code>gpu</code>" in html
+    assert url in html
+
+
+@pytest.mark.parametrize(
+    "overrides, field, message",
+    [
+        ({"name": ""}, "name", "This field is required."),
+        ({"gpu_model": ""}, "gpu_model", "Name the GPU model of the pool's GPUs."),
+    ],
+)
+def test_new_pool_form_errors_inline_and_nothing_saved(
+    client, pool, admin, overrides, field, message
+):
+    client.force_login(admin)
+    response = client.post(
+        reverse("federation:pool_create", args=[pool.site.pk]), _new_pool_post(pool, **overrides)
+    )
+    assert response.status_code == 200
+    assert message in response.context["form"].errors[field]
+    assert pool.site.pools.count() == 1
+
+
+def test_new_pool_with_the_name_of_another_pool_of_the_site_is_refused(client, pool, admin):
+    client.force_login(admin)
+    response = client.post(
+        reverse("federation:pool_create", args=[pool.site.pk]), _new_pool_post(pool, name=pool.name)
+    )
+    assert response.status_code == 200
+    assert response.context["form"].errors["name"] == [
+        f"The site already has a pool named {pool.name}."
+    ]
+    assert pool.site.pools.count() == 1
+
+
+def test_new_pool_page_is_404_for_other_institutions_admins_and_researchers(client, pool):
+    url = reverse("federation:pool_create", args=[pool.site.pk])
+    for role in (Role.INSTITUTION_ADMIN, Role.RESEARCHER):
+        other = MembershipFactory(role=role).user
+        client.force_login(other)
+        assert client.get(url).status_code == 404
+        assert client.post(url, _new_pool_post(pool)).status_code == 404
+    researcher = MembershipFactory(institution=pool.site.institution, role=Role.RESEARCHER).user
+    client.force_login(researcher)
+    assert client.get(url).status_code == 404
+    assert pool.site.pools.count() == 1
+
+
+def test_queue_page_shows_a_running_job_on_the_pool_it_runs_on(client, pool, admin, world_job):
+    gpu = ComputePool.objects.create(site=pool.site, name="gpu", gpus=1, gpu_model="A100")
+    FederatedJob.objects.filter(pk=world_job.pk).update(status="running", started_at=timezone.now())
+    JobSite.objects.filter(job=world_job).update(pool=gpu)
+    client.force_login(admin)
+    on_gpu = client.get(reverse("federation:pool_queue", args=[gpu.pk])).content.decode()
+    on_cpu = client.get(reverse("federation:pool_queue", args=[pool.pk])).content.decode()
+    assert f"#{world_job.pk} j" in on_gpu
+    assert f"#{world_job.pk} j" not in on_cpu
+
+
+def test_migration_records_the_first_pool_for_jobs_already_started(pool, world_job):
+    import importlib
+
+    from django.apps import apps
+
+    from tests.factories import DatasetVersionFactory, ProjectFactory
+
+    migration = importlib.import_module("federation.migrations.0013_jobsite_pool")
+    ComputePool.objects.create(site=pool.site, name="gpu", gpus=1, gpu_model="A100")
+    FederatedJob.objects.filter(pk=world_job.pk).update(
+        status="completed", started_at=timezone.now()
+    )
+    queued = FederatedJob.objects.create(
+        project=ProjectFactory(), submitted_by=UserFactory(), title="q", target_column="label"
+    )
+    JobSite.objects.create(
+        job=queued, site=pool.site, dataset_version=DatasetVersionFactory(dataset__site=pool.site)
+    )
+
+    migration.first_pool_for_started_jobs(apps, None)
+
+    assert JobSite.objects.get(job=world_job).pool == pool  # ran before pools were chosen
+    assert JobSite.objects.get(job=queued).pool is None  # chosen when it launches

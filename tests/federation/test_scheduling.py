@@ -346,3 +346,77 @@ def test_no_preemption_of_non_preemptible_or_equal_qos():
     d = by_id(schedule(snap(pools, [job(1, {1: R(4)}, qos="normal")], running)))
     assert d[1].action is Action.PLAN
     assert 90 not in d and 91 not in d
+
+
+# --------------------------------------------------------------------------------------------
+# Several pools per site: a request picks the pool that meets it
+# --------------------------------------------------------------------------------------------
+
+
+# Site "a" has a CPU pool (id 1: 16 cores, 64 GiB, no GPU) and a GPU pool (id 2: 8 cores,
+# 64 GiB, 2 A100); site "b" has one pool (id 3). A job's request at site a is keyed by pool 1
+# with pool 2 as its alternative (the portal keys by the site's first pool).
+def _two_pool_site():
+    return [
+        Pool(1, "a", R(16, 64)),
+        Pool(2, "a", R(8, 64, 2), gpu_model="A100"),
+        Pool(3, "b", R(8, 32), slots=2),
+    ]
+
+
+def test_cpu_request_goes_to_the_cpu_pool_gpu_request_to_the_gpu_pool():
+    cpu = job(1, {1: R(4, 8), 3: R(2)}, alternatives={1: (2,)})
+    gpu = job(2, {1: R(4, 8, 1), 3: R(2)}, alternatives={1: (2,)}, t=10)
+    d = by_id(schedule(snap(_two_pool_site(), [cpu, gpu])))
+    # Both pools of site a can hold 4 cores / 8 GiB; best fit leaves no GPU idle: pool 1.
+    assert (d[1].action, d[1].pools) == (Action.START, {1: 1, 3: 3})
+    # Only pool 2 has a GPU: the request keyed by pool 1 runs on pool 2. Pool 3 has 8 cores and
+    # 2 slots: 2 + 2 cores fit, so both start now.
+    assert (d[2].action, d[2].pools) == (Action.START, {1: 2, 3: 3})
+
+
+def test_gpu_request_listed_with_alternatives_in_any_order_picks_the_gpu_pool():
+    gpu = job(1, {2: R(1, 1, 1)}, alternatives={2: (1,)})
+    assert by_id(schedule(snap(_two_pool_site(), [gpu])))[1].pools == {2: 2}
+    gpu = job(1, {1: R(1, 1, 1)}, alternatives={1: (2,)})
+    assert by_id(schedule(snap(_two_pool_site(), [gpu])))[1].pools == {1: 2}
+
+
+def test_cpu_request_uses_the_gpu_pool_when_the_cpu_pool_is_busy():
+    # Pool 1 is full until step 3; pool 2 (GPU) is idle and holds 4 cores: start now on it
+    # (earliest start wins over best fit), rather than a plan at step 3.
+    running = [Running(90, "q", {1: R(16)}, NOW - 100, at(3))]
+    d = by_id(
+        schedule(snap(_two_pool_site(), [job(1, {1: R(4)}, alternatives={1: (2,)})], running))
+    )
+    assert (d[1].action, d[1].start_s, d[1].pools) == (Action.START, NOW, {1: 2})
+    # Without the alternative it waits for pool 1 (step 3); its keys are its pools (no choice
+    # to report until it starts).
+    d = by_id(schedule(snap(_two_pool_site(), [job(1, {1: R(4)})], running)))
+    assert (d[1].action, d[1].start_s, d[1].pools) == (Action.PLAN, at(3), {})
+    d = by_id(schedule(snap(_two_pool_site(), [job(1, {1: R(4)})])))
+    assert (d[1].action, d[1].pools) == (Action.START, {1: 1})
+
+
+def test_request_no_pool_of_the_site_meets_is_refused():
+    # 12 cores and a GPU: pool 1 has no GPU, pool 2 has 8 cores only.
+    d = by_id(schedule(snap(_two_pool_site(), [job(1, {1: R(12, 8, 1)}, alternatives={1: (2,)})])))
+    assert (d[1].action, d[1].reason) == (Action.REFUSE, Reason.RESOURCES)
+    assert d[1].detail == "pool 1 has less than the job asks for"
+    assert d[1].pools == {}
+
+
+def test_two_jobs_fill_both_pools_of_a_site_in_one_pass():
+    # Pools have one slot. Job 1 (12 cores) takes pool 1 (best fit: no idle GPU). Job 2 (12
+    # cores) cannot use pool 2 (8 cores): it reserves pool 1 after job 1 (15 min = step 1).
+    # Job 3 (6 cores) finds pool 1 taken and reserved, so it starts now on pool 2.
+    jobs = [
+        job(1, {1: R(12)}, alternatives={1: (2,)}, t=0),
+        job(2, {1: R(12)}, alternatives={1: (2,)}, t=10),
+        job(3, {1: R(6)}, alternatives={1: (2,)}, t=20),
+    ]
+    cfg = Config(weights=Weights(fairshare=0, size=0, qos=0))  # age alone: oldest first
+    d = by_id(schedule(snap(_two_pool_site(), jobs), cfg))
+    assert (d[1].action, d[1].pools) == (Action.START, {1: 1})
+    assert (d[2].action, d[2].start_s, d[2].pools) == (Action.PLAN, at(1), {1: 1})
+    assert (d[3].action, d[3].pools) == (Action.START, {1: 2})

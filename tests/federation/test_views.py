@@ -866,3 +866,16 @@ def test_job_form_offers_the_models_with_help(pi_client, world):
 
     assert 'value="xgboost"' in page and "Gradient-boosted trees" in page
     assert "credited by data volume" in page and 'name="xgb_subsample"' in page
+
+
+def test_job_progress_names_the_pool_each_site_runs_on(pi_client, running_job):
+    from federation.models import ComputePool
+
+    js = running_job.sites.order_by("site__slug").first()
+    gpu = ComputePool.objects.create(site=js.site, name="gpu-a100", gpus=1, gpu_model="A100")
+    JobSite.objects.filter(pk=js.pk).update(pool=gpu)
+
+    page = pi_client.get(f"/jobs/{running_job.pk}/progress/").content.decode()
+
+    assert page.count("data-pool=") == 1  # the other site has no recorded pool
+    assert 'data-pool="gpu-a100">pool gpu-a100<' in page
