@@ -5,6 +5,7 @@ rows; the model card; the resume service, its page action and its audit event.""
 
 from __future__ import annotations
 
+import html
 import importlib
 import json
 from dataclasses import asdict
@@ -349,7 +350,34 @@ def test_model_card_of_a_dp_job_states_its_epsilon_and_delta(client, world):
 
     assert (card["epsilon"], card["delta"]) == (3.25, 1e-6)
     assert card["privacy"] == {"dp": "client", "noise_multiplier": 2.0, "clipping_norm": 1.0}
-    assert "ε = 3.25 at δ = 0.000001" in text and "no differential privacy" not in text
+    assert "ε = 3.25 at δ = 1e-6" in text and "no differential privacy" not in text
+
+
+def _dd(page: str, dd_id: str) -> str:
+    """The text of the ``<dd id="dd_id">`` element of ``page``."""
+    start = page.index(f'id="{dd_id}"')
+    return html.unescape(page[page.index(">", start) + 1 : page.index("</dd>", start)]).strip()
+
+
+def test_model_card_and_job_page_state_a_dp_jobs_epsilon_in_the_same_words(client, world):
+    """One wording (``federation.method.epsilon_text``) on the card page, in the card file and on
+    the job page: ε 2.9137 to 3 significant digits is 2.91; δ 1e-5 in its shortest form."""
+    dp = {"dp": "server", "noise_multiplier": 1.1, "clipping_norm": 1.0, "delta": 1e-5}
+    FederatedJob.objects.filter(pk=world["job"].pk).update(privacy=dp, epsilon=2.9137)
+    world["job"].refresh_from_db()
+    fitted = _fitted()
+    _finish(world["job"], fitted, _weights(fitted))
+    client.force_login(world["researcher"])
+    card_url = reverse("federation:job_model_card", args=[world["job"].pk])
+
+    card_page = client.get(card_url).content.decode()
+    card = client.get(card_url, {"format": "json"}).json()
+    job_page = client.get(reverse("federation:job_detail", args=[world["job"].pk])).content.decode()
+
+    assert _dd(card_page, "card-epsilon") == "ε = 2.91 at δ = 1e-5"
+    assert _dd(job_page, "job-epsilon") == "ε = 2.91 at δ = 1e-5"
+    assert card["epsilon_text"] == "ε = 2.91 at δ = 1e-5"
+    assert card["epsilon"] == 2.9137  # the figure itself stays exact in the file
 
 
 # --- resuming a failed job ---------------------------------------------------------------------
