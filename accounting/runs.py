@@ -1,6 +1,6 @@
 """The runs of a job as accounting shows them (ADR 0028): a job resumed from a round checkpoint
 has runs 1, 2, …, and its usage records and billing lines are kept per run. One wording for the
-pages and the invoice file: ``"run 1 of 2 (Flower run 90817263…)"``."""
+pages: ``"run 1 of 2 (Flower run 90817263…)"``."""
 
 from __future__ import annotations
 
@@ -21,11 +21,15 @@ def flower_run_id(job, run: int) -> str:
     return str(ids[run - 1] or "") if 0 < run <= len(ids) else ""
 
 
-def run_text(run: int, runs: int, flower_id: str = "", *, short: bool = True) -> str:
-    """``"run 1 of 2 (Flower run 90817263…)"``; the id shortened to ``SHORT_ID`` digits unless
-    ``short`` is false, left out when ``""``."""
-    text = f"run {run} of {runs}"
-    if flower_id:
-        shown = flower_id[:SHORT_ID] + "…" if short and len(flower_id) > SHORT_ID else flower_id
-        text += f" (Flower run {shown})"
-    return text
+def run_text(run: int, runs: int) -> str:
+    """``"run 1 of 2"``."""
+    return f"run {run} of {runs}"
+
+
+def flower_run_text(flower_id: str, *, short: bool = True) -> str:
+    """``"Flower run 90817263…"``: the id shortened to ``SHORT_ID`` digits unless ``short`` is
+    false; ``""`` for an unknown id."""
+    if not flower_id:
+        return ""
+    shown = flower_id[:SHORT_ID] + "…" if short and len(flower_id) > SHORT_ID else flower_id
+    return f"Flower run {shown}"

@@ -6,16 +6,23 @@ from __future__ import annotations
 from django import template
 from django.utils.html import format_html
 
-from accounting.runs import flower_run_id, run_text, runs_of
+from accounting.runs import flower_run_id, flower_run_text, run_text, runs_of
 
 register = template.Library()
 
 
 @register.simple_tag
 def run_cell(run: int, runs: int, flower_id: str = ""):
-    """A table cell's text for run ``run`` of ``runs``, the whole Flower run id on hover."""
-    title = f"Flower run {flower_id}" if flower_id else ""
-    return format_html('<span title="{}">{}</span>', title, run_text(run, runs, flower_id))
+    """A table cell's content for run ``run`` of ``runs``: ``run 1 of 2`` and, below it,
+    ``(Flower run 90817263…)`` with the whole id on hover."""
+    if not flower_id:
+        return run_text(run, runs)
+    return format_html(
+        '{} <span class="d-block text-secondary" title="Flower run {}">({})</span>',
+        run_text(run, runs),
+        flower_id,
+        flower_run_text(flower_id),
+    )
 
 
 @register.simple_tag

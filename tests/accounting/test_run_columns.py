@@ -29,6 +29,12 @@ FIRST, SECOND = "9081726354453627181", "1234567890123456789"  # Flower run ids (
 
 @pytest.fixture
 def world():
+    return run_world()
+
+
+def run_world() -> dict:
+    """An institution paying for a project's jobs at another institution's site, its November
+    invoice, a project member and an admin of the payer."""
     payer = InstitutionFactory(slug="inst-p", name="Payer")
     host = InstitutionFactory(slug="inst-h", name="Host")
     site = SiteFactory(institution=host, slug="site-h")
