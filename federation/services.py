@@ -248,7 +248,9 @@ def _check_model_size(
     cap = contract.MAX_FINAL_MODEL_VALUES
     if count <= cap:
         return
-    shape = f"{inputs} inputs" + (f" ({one_hot} of them one-hot)" if one_hot else "")
+    shape = f"{inputs} inputs"
+    if one_hot:
+        shape += f" ({one_hot} of them one-hot, from the categories in the datasets' profiles)"
     if model_spec.get("kind") == "mlp":
         hidden = ",".join(str(h) for h in model_spec["hidden"])
         field, advice = "mlp_hidden", "choose fewer or narrower hidden layers"
@@ -261,8 +263,8 @@ def _check_model_size(
         {
             field: [
                 f"This model has {'at least ' if not complete else ''}{count:,} weights "
-                f"({shape}, with the categories the datasets' profiles list); the final model "
-                f"reaches the portal with at most {cap:,} numbers: {advice}."
+                f"({shape}); the final model reaches the portal with at most {cap:,} numbers: "
+                f"{advice}."
             ]
         },
     )

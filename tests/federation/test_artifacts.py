@@ -296,7 +296,10 @@ def test_model_card_page_and_json_name_datasets_strategy_rounds_and_the_file(cli
     text = page.content.decode()
     for v in world["versions"]:
         assert v.dataset.slug in text
-    assert "fedavg" in text and "no differential privacy" in text
+    assert "no differential privacy" in text
+    # the job page's wording (federation.method), not the stored codes
+    assert _dd(text, "card-model-kind") == "Logistic (softmax) regression"
+    assert _dd(text, "card-strategy") == "FedAvg"
     assert "available once the airlock has released it" in text
     assert card["rounds"] == 4 and card["strategy"] == "fedavg"
     assert {d["dataset"] for d in card["datasets"]} == {v.dataset.slug for v in world["versions"]}
@@ -495,13 +498,26 @@ def test_resume_is_refused_without_a_checkpoint_for_others_and_for_a_live_job(wo
     assert not AuditEvent.objects.filter(action="job.resume").exists()
 
 
+def test_the_job_page_of_a_failed_job_without_a_checkpoint_offers_no_resume(
+    client, world, model_store
+):
+    """The button used to show on every failed job; without a checkpoint the resume is refused."""
+    job = _failed_with_checkpoint(world, model_store, rnd=0)
+    client.force_login(world["researcher"])
+
+    page = client.get(reverse("federation:job_detail", args=[job.pk])).content.decode()
+
+    assert 'id="resume"' not in page and "Resume from" not in page
+    assert "cannot be resumed: submit the job again" in page
+
+
 def test_the_job_page_offers_resume_to_its_submitter_and_the_button_works(
     client, world, model_store
 ):
     job = _failed_with_checkpoint(world, model_store)
     detail = reverse("federation:job_detail", args=[job.pk])
     client.force_login(world["researcher"])
-    assert "Resume from the last round" in client.get(detail).content.decode()
+    assert "Resume from round 2" in client.get(detail).content.decode()
 
     response = client.post(reverse("federation:job_resume", args=[job.pk]))
 
@@ -509,4 +525,4 @@ def test_the_job_page_offers_resume_to_its_submitter_and_the_button_works(
     job.refresh_from_db()
     assert job.status == JobStatus.QUEUED
     client.force_login(world["stewards"][0])
-    assert "Resume from the last round" not in client.get(detail).content.decode()
+    assert "Resume from round" not in client.get(detail).content.decode()
