@@ -237,7 +237,7 @@ def _check_model_size(
             FittedFeature(plan.name, plan.kind, plan.missing, plan.indicator, vocabulary=vocabulary)
         )
     inputs = sum(len(f.columns()) for f in features)
-    one_hot = sum(len(f.vocabulary) + 1 for f in features if f.kind == "categorical")
+    one_hot = sum(len(f.columns()) for f in features if f.kind == "categorical")
     if task == "regression":
         outputs = 1
     else:
@@ -250,7 +250,10 @@ def _check_model_size(
         return
     shape = f"{inputs} inputs"
     if one_hot:
-        shape += f" ({one_hot} of them one-hot, from the categories in the datasets' profiles)"
+        shape += (
+            f" ({one_hot} of them for categorical features, one-hot over the categories in the "
+            "datasets' profiles)"
+        )
     if model_spec.get("kind") == "mlp":
         hidden = ",".join(str(h) for h in model_spec["hidden"])
         field, advice = "mlp_hidden", "choose fewer or narrower hidden layers"

@@ -245,7 +245,7 @@ def test_job_form_an_mlp_over_the_limit_by_its_one_hot_width_is_refused_with_its
     assert response.status_code == 200
     block = _field_block(response.content.decode(), "id_mlp_hidden")
     assert "This model has 80,066 weights" in block
-    assert "13 inputs (12 of them one-hot" in block
+    assert "13 inputs (12 of them for categorical features, one-hot" in block
     assert "at least" not in block
     assert FederatedJob.objects.count() == 0
 
