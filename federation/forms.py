@@ -35,8 +35,8 @@ MODEL_HELP = {
     "few rounds.",
     "mlp": "An MLP learns non-linear effects and needs more rounds and data.",
     "xgboost": "Gradient-boosted trees: every round each site adds boosting rounds on top of the "
-    "global trees and the portal appends every site's new trees (Flower's FedXgbBagging, "
-    "whatever the strategy). Trees are credited by data volume, not Shapley value (coalition "
+    "global trees and the portal appends every site's new trees (Flower's FedXgbBagging: keep "
+    "the strategy at FedAvg). Trees are credited by data volume, not Shapley value (coalition "
     "models cannot be rebuilt from bagged trees, ADR 0023).",
 }
 
@@ -122,7 +122,7 @@ class JobSubmitForm(forms.Form):
         choices=[
             ("linear", "Logistic / linear regression"),
             ("mlp", "Multilayer perceptron (MLP)"),
-            ("xgboost", "Gradient-boosted trees (XGBoost, bagged)"),
+            ("xgboost", "Gradient-boosted trees (XGBoost)"),
         ],
         initial="linear",
         required=False,
