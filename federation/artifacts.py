@@ -19,6 +19,7 @@ import json
 
 from django.conf import settings
 
+from federation import method
 from federation.exporters import ExportError, ExportInput, export
 from frp_flwr import checkpoints
 from sandbox.storage import ObjectStore, StorageError, store_from_url
@@ -145,16 +146,18 @@ def model_card(job) -> dict:
     except (ExportError, ArtifactError) as exc:
         exportable, why = False, str(exc)
     # The job's own ε (charged at submission, and again for rounds a resume trains twice) and
-    # its settings; the ServerApp reports none.
+    # its settings; the ServerApp reports none. Worded as on the job page (federation.method).
     privacy = dict(job.privacy or {})
-    dp_on = job.epsilon is not None and privacy.get("dp", "off") != "off"
+    dp_on = method.dp_on(job) and privacy.get("dp", "off") != "off"
     return {
         "job": job.pk,
         "title": job.title,
         "project": job.project.title,
         "task": job.task,
         "model": job.model,
+        "model_text": method.model_text(job),
         "strategy": job.strategy,
+        "strategy_text": method.strategy_text(job),
         "rounds": final.get("rounds"),
         "num_rounds": job.num_rounds,
         "local_epochs": job.local_epochs,
@@ -173,7 +176,8 @@ def model_card(job) -> dict:
             "baseline": final.get("baseline"),
         },
         "epsilon": float(job.epsilon) if dp_on else None,
-        "delta": privacy.get("delta") if dp_on else None,
+        "delta": method.delta(job) if dp_on else None,
+        "epsilon_text": method.epsilon_text(job.epsilon, method.delta(job)) if dp_on else "",
         "privacy": (
             {k: privacy[k] for k in ("dp", "noise_multiplier", "clipping_norm") if k in privacy}
             if dp_on

@@ -145,6 +145,39 @@ def common_columns(versions) -> list[Column]:
     return out
 
 
+def profile_vocabulary(versions, name: str, *, every_value: bool = False) -> tuple[list[str], bool]:
+    """The categories of column ``name`` that the versions' profiles list (each held by more
+    than 7 rows of its dataset, ``sandbox.profile``), sorted, and whether that list is complete.
+
+    Complete: every profile lists the column's categories (not ``None`` for free text, nor
+    absent for a numeric column) and fewer than ``sandbox.profile.MAX_CATEGORIES`` of them (a
+    full list may have left frequent values out); with ``every_value`` (a target's classes, rare
+    ones included) also no "other" values. Without complete lists the categories are a lower
+    bound.
+    """
+    from sandbox.profile import MAX_CATEGORIES
+
+    values: set[str] = set()
+    complete = True
+    for version in versions:
+        entry = next(
+            (
+                c
+                for c in (version.profile or {}).get("columns", [])
+                if isinstance(c, dict) and c.get("name") == name
+            ),
+            {},
+        )
+        listed = entry.get("categories")
+        if not isinstance(listed, list):
+            complete = False
+            continue
+        values.update(str(c["value"]) for c in listed if isinstance(c, dict) and "value" in c)
+        if len(listed) >= MAX_CATEGORIES or (every_value and entry.get("other") != 0):
+            complete = False
+    return sorted(values), complete
+
+
 def task_for(column: Column) -> str:
     """The task a target column decides (module doc); ``ValueError`` for a date target."""
     if column.type == "date":

@@ -29,6 +29,30 @@ def _xgb_field(name: str, label: str, help_text: str) -> forms.Field:
     )
 
 
+#: The job form's help for each model (the template shows the chosen one's).
+MODEL_HELP = {
+    "linear": "Logistic regression (linear regression for a numeric target) is convex and needs "
+    "few rounds.",
+    "mlp": "An MLP learns non-linear effects and needs more rounds and data.",
+    "xgboost": "Gradient-boosted trees: every round each site adds boosting rounds on top of the "
+    "global trees and the portal appends every site's new trees (Flower's FedXgbBagging: keep "
+    "the strategy at FedAvg). Trees are credited by data volume, not Shapley value (coalition "
+    "models cannot be rebuilt from bagged trees, ADR 0023).",
+}
+
+#: The job form's field of each strategy parameter (``frp_flwr.strategies.STRATEGIES``).
+STRATEGY_FIELDS = {
+    "mu": "fedprox_mu",
+    "eta": "server_eta",
+    "eta_l": "server_eta_l",
+    "tau": "server_tau",
+    "beta_1": "server_beta_1",
+    "beta_2": "server_beta_2",
+    "beta": "trimmed_beta",
+    "num_malicious_nodes": "krum_faulty",
+}
+
+
 class DatasetChoiceField(forms.ModelMultipleChoiceField):
     """Datasets by title, version and site; rows under the profile's disclosure rule unless the
     user is a steward of the dataset's institution (``exact_for``: institution ids)."""
@@ -74,7 +98,8 @@ class JobSubmitForm(forms.Form):
         max_value=100,
         initial=5,
         label="Rounds",
-        help_text="FedAvg rounds: each is local training at every site, then aggregation.",
+        help_text="Federated rounds: each is local training at every site, then aggregation by "
+        "the strategy.",
     )
     local_epochs = forms.IntegerField(
         min_value=1, max_value=100, initial=5, help_text="Passes over a site's data per round."
@@ -97,16 +122,11 @@ class JobSubmitForm(forms.Form):
         choices=[
             ("linear", "Logistic / linear regression"),
             ("mlp", "Multilayer perceptron (MLP)"),
-            ("xgboost", "Gradient-boosted trees (XGBoost, bagged)"),
+            ("xgboost", "Gradient-boosted trees (XGBoost)"),
         ],
         initial="linear",
         required=False,
-        help_text="Logistic regression (linear regression for a numeric target) is convex and "
-        "needs few rounds; an MLP learns non-linear effects and needs more rounds and data; "
-        "gradient-boosted trees: every round each site adds boosting rounds on top of the global "
-        "trees and the portal appends every site's new trees (Flower's FedXgbBagging, whatever "
-        "the strategy below). Trees are credited by data volume, not Shapley value (coalition "
-        "models cannot be rebuilt from bagged trees, ADR 0023).",
+        help_text=" ".join(MODEL_HELP.values()),
     )
     mlp_hidden = forms.CharField(
         label="MLP hidden layers",
@@ -437,6 +457,18 @@ class JobSubmitForm(forms.Form):
             field, message[:1].upper() + message[1:] + ("" if message.endswith(".") else ".")
         )
 
+    def strategy_fields(self) -> list[tuple]:
+        """``(bound field, "fedadam fedyogi …")``: each strategy parameter's field and the
+        strategies that use it (the template shows it only for those)."""
+        return [
+            (self[field], " ".join(n for n, (_, params) in STRATEGIES.items() if key in params))
+            for key, field in STRATEGY_FIELDS.items()
+        ]
+
+    def model_help(self) -> list[tuple[str, str]]:
+        """``(model kind, help)`` of every model (``MODEL_HELP``)."""
+        return list(MODEL_HELP.items())
+
     def xgboost_fields(self) -> list:
         """The bound fields of XGBoost's hyper-parameters (the template's trees fieldset)."""
         return [self[f"xgb_{name}"] for name in XGBOOST_PARAMS]
@@ -477,18 +509,8 @@ class JobSubmitForm(forms.Form):
         take Flower's defaults (FedOpt's η_l: the learning rate); ``None`` on errors."""
         name = self.cleaned_data.get("strategy_name") or "fedavg"
         raw: dict = {"name": name}
-        fields = {
-            "mu": "fedprox_mu",
-            "eta": "server_eta",
-            "eta_l": "server_eta_l",
-            "tau": "server_tau",
-            "beta_1": "server_beta_1",
-            "beta_2": "server_beta_2",
-            "beta": "trimmed_beta",
-            "num_malicious_nodes": "krum_faulty",
-        }
         for key in STRATEGIES.get(name, ("", {}))[1]:
-            value = self.cleaned_data.get(fields[key])
+            value = self.cleaned_data.get(STRATEGY_FIELDS[key])
             if value is not None:
                 raw[key] = value
         if name in ("fedadam", "fedyogi", "fedadagrad") and "eta_l" not in raw:

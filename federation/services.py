@@ -206,31 +206,68 @@ def _validate_training(
     return model_spec, strategy_spec
 
 
-def _check_model_size(model_spec: dict, task: str, plans: list[contract.FeaturePlan]) -> None:
+def _check_model_size(
+    model_spec: dict, task: str, plans: list[contract.FeaturePlan], versions, target: str
+) -> None:
     """Refuse (``JobError`` on ``mlp_hidden``, or ``feature_columns`` for the linear model) a model
     whose final weights cannot reach the portal: more than ``contract.MAX_FINAL_MODEL_VALUES``
-    numbers even with one input per feature (plus its missing indicator) and the fewest outputs
-    (1 for regression, 2 classes). One-hot features and more classes only add to it."""
-    from frp_flwr.models import parameter_count
+    numbers.
 
-    inputs = len(plans) + sum(1 for p in plans if p.indicator)
-    outputs = 1 if task == "regression" else 2
+    The inputs are the model columns the federated preprocessing builds
+    (``frp_flwr.preprocess.FittedFeature.columns``, what every ClientApp trains on), counted with
+    the categories the datasets' profiles list (``columns.profile_vocabulary``): a categorical
+    feature is one column per listed category plus "(other)", any feature its missing
+    indicator. The outputs: 1 for regression, else the target's listed classes (at least 2).
+    The count is exact for those lists; the message says "at least" when a list may be
+    incomplete (a truncated or free-text category list, rare classes). The federated fit keeps
+    only categories held by more than ``small_count`` *training* rows at some site, so it can
+    only merge a listed category near that count into "(other)", never add one.
+    """
+    from frp_flwr.models import parameter_count
+    from frp_flwr.preprocess import FittedFeature
+
+    complete = True
+    features = []
+    for plan in plans:
+        vocabulary: list[str] = []
+        if plan.kind == "categorical":
+            vocabulary, listed = columns.profile_vocabulary(versions, plan.name)
+            complete = complete and listed
+        features.append(
+            FittedFeature(plan.name, plan.kind, plan.missing, plan.indicator, vocabulary=vocabulary)
+        )
+    inputs = sum(len(f.columns()) for f in features)
+    one_hot = sum(len(f.columns()) for f in features if f.kind == "categorical")
+    if task == "regression":
+        outputs = 1
+    else:
+        classes, listed = columns.profile_vocabulary(versions, target, every_value=True)
+        outputs = max(2, len(classes))
+        complete = complete and listed
     count = parameter_count(model_spec, num_features=inputs, num_outputs=outputs)
     cap = contract.MAX_FINAL_MODEL_VALUES
     if count <= cap:
         return
+    shape = f"{inputs} inputs"
+    if one_hot:
+        shape += (
+            f" ({one_hot} of them for categorical features, one-hot over the categories in the "
+            "datasets' profiles)"
+        )
     if model_spec.get("kind") == "mlp":
         hidden = ",".join(str(h) for h in model_spec["hidden"])
         field, advice = "mlp_hidden", "choose fewer or narrower hidden layers"
-        shape = f"{inputs} inputs, hidden layers {hidden}, {outputs} outputs"
+        shape += f", hidden layers {hidden}, {outputs} outputs"
     else:
-        field, advice, shape = "feature_columns", "choose fewer features", f"{inputs} inputs"
+        field, advice = "feature_columns", "choose fewer features or categories"
+        shape += f", {outputs} outputs"
     raise JobError(
         "the model is too large",
         {
             field: [
-                f"This model has at least {count:,} weights ({shape}); the final model reaches "
-                f"the portal with at most {cap:,} numbers: {advice}."
+                f"This model has {'at least ' if not complete else ''}{count:,} weights "
+                f"({shape}); the final model reaches the portal with at most {cap:,} numbers: "
+                f"{advice}."
             ]
         },
     )
@@ -315,7 +352,7 @@ def job_submit(
     task, features, plans = _validate_columns(
         versions, target_column, list(feature_columns or []), list(preprocessing or [])
     )
-    _check_model_size(model_spec, task, plans)
+    _check_model_size(model_spec, task, plans, versions, target_column)
     deadline = schedule.get("deadline")
     if deadline is not None and deadline <= timezone.now():
         raise JobError("deadline in the past", {"deadline": ["The deadline has passed."]})

@@ -14,7 +14,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from federation import artifacts, callbacks, exporters, selectors, services
+from federation import artifacts, callbacks, exporters, method, selectors, services
 from federation.forms import JobScheduleForm, JobSubmitForm
 from federation.models import FederatedJob, ModelRelease, ReleaseStatus
 from federation.pool_selectors import REASONS
@@ -89,9 +89,10 @@ def job_create(request):
         else:
             messages.success(request, f"Job #{job.pk} queued.")
             return redirect("federation:job_detail", pk=job.pk)
-    return render(
-        request, "federation/job_form.html", {"form": form, "sched": sched, "pform": pform}
-    )
+    context = {"form": form, "sched": sched, "pform": pform}
+    if request.method == "POST":  # the ε of the posted settings, shown with the errors
+        context["preview"] = _privacy_preview(request)
+    return render(request, "federation/job_form.html", context)
 
 
 def _privacy_preview(request) -> dict:
@@ -124,6 +125,7 @@ def _privacy_preview(request) -> dict:
     return {
         "epsilon": epsilon,
         "delta": privacy["delta"],
+        "text": method.epsilon_text(epsilon, privacy["delta"]),
         "rounds": rounds,
         "sites": sites,
         "sites_chosen": bool(versions),
@@ -186,6 +188,17 @@ def _job_or_404(request, pk: int) -> FederatedJob:
     return job
 
 
+def _resume_round(job) -> int:
+    """The round a failed job would resume from (its latest checkpoint), 0 when it cannot be
+    resumed: not failed, its training finished, no checkpoint, or the model store unreadable."""
+    if job.status != "failed" or "rounds" in (job.final_metrics or {}):
+        return 0
+    try:
+        return artifacts.checkpoint_round(job)
+    except artifacts.ArtifactError:
+        return 0
+
+
 @login_required
 def job_detail(request, pk: int):
     """The job page; the progress panel below refreshes itself (HTMX) while the job is active."""
@@ -195,6 +208,7 @@ def job_detail(request, pk: int):
         "job": job,
         "can_stop": can(request.user, "job.stop", job),
         "can_resume": job.status == "failed" and can(request.user, "job.resume", job),
+        "resume_round": _resume_round(job),
         "is_member": can(request.user, "project.view", job.project),
         "has_model": artifacts.has_model(job),
         "release": release,

@@ -26,8 +26,9 @@ from django.db.models import (
 from django.db.models.functions import Coalesce, TruncMonth
 
 from accounting.models import BillingEntry, BillingKind, Invoice, PriceRule, UsageRecord
+from accounting.runs import flower_run_id, runs_of
 from accounting.services.billing import CHARGE_KINDS, month_start, next_month
-from federation.models import ComputePool
+from federation.models import ComputePool, FederatedJob
 from portal import selectors as portal_selectors
 from portal.models import Project, Site
 from portal.permissions import can
@@ -66,6 +67,15 @@ def institution_invoices(*, user, institution):
     return invoices_for_user(user=user).filter(institution=institution)
 
 
+def invoice_runs(*, invoice) -> bool:
+    """Whether a line of ``invoice`` belongs to a job with more than one run (its page then
+    shows each line's run). One query."""
+    runs = FederatedJob.objects.filter(billing_entries__invoice=invoice).values_list(
+        "earlier_runs", flat=True
+    )
+    return any(runs.distinct())
+
+
 def invoice_lines(*, invoice):
     """The invoice's entries with job, project, site, its institution and price rule joined, ordered
     by job, site, kind (one query)."""
@@ -77,7 +87,7 @@ def invoice_lines(*, invoice):
             "price_rule",
             "institution",
         )
-        .order_by("job_id", "site__slug", "kind")
+        .order_by("job_id", "site__slug", "kind", "run")
     )
 
 
@@ -256,8 +266,9 @@ def job_cost(*, job, user) -> dict | None:
 
     Returns ``{"compute": [row…], "data": [row…], "charged": Decimal (compute and data charges
     to the project's institution), "service_units": Decimal, "currency": str, "billed": bool,
-    "payer": Institution}``. A compute row is one site's compute charge: ``{"site", "payee"
-    (the site's institution), "service_units", "amount", "own" (own pool: show-back at 0)}``;
+    "payer": Institution, "runs": int (``accounting.runs.runs_of``)}``. A compute row is one
+    site's compute charge for one run: ``{"site", "payee" (the site's institution),
+    "service_units", "amount", "own" (own pool: show-back at 0), "run", "flower_run_id"}``;
     a data row is one data credit: ``{"site", "payee", "amount"}`` (the data charges sum to the
     data credits, see ``accounting.services.billing.job_bill``).
     """
@@ -266,8 +277,9 @@ def job_cost(*, job, user) -> dict | None:
     entries = list(
         BillingEntry.objects.filter(job=job)
         .select_related("site__institution", "institution")
-        .order_by("site__slug", "kind")
+        .order_by("site__slug", "kind", "run")
     )
+    runs = runs_of(job)
     payer = job.project.institution
     compute, data = [], []
     charged = Decimal("0.00")
@@ -286,6 +298,8 @@ def job_cost(*, job, user) -> dict | None:
                     "service_units": e.service_units,
                     "amount": e.amount,
                     "own": e.site.institution_id == payer.pk,
+                    "run": e.run,
+                    "flower_run_id": flower_run_id(job, e.run),
                 }
             )
         elif e.kind == BillingKind.DATA_CREDIT:
@@ -298,4 +312,5 @@ def job_cost(*, job, user) -> dict | None:
         "currency": currency,
         "billed": bool(entries),
         "payer": payer,
+        "runs": runs,
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from accounting.models import ContributionMethod, ContributionScore, UsageRecord
+from accounting.runs import runs_of
 from federation.models import FederatedJob
 from federation.selectors import shown_count
 from portal.permissions import can
@@ -69,7 +70,7 @@ class JobContribution:
     """Everything the job page shows about contribution and usage (no further queries needed).
 
     ``rows``: per site, ordered by site slug; ``rounds``: ``{round: {site slug: share}}`` of the
-    per-round exact Shapley values (empty when not computed); ``usage``: ``UsageRecord`` list;
+    per-round exact Shapley values (empty when not computed); ``usage``: ``UsageRecord`` list (by site, then run);
     ``utilities``: v(∅) and v(N) of the whole run; ``hidden``: updates were hidden (secure
     aggregation), so only data volume is shown; ``error``: why no contribution was measured.
     """
@@ -78,6 +79,8 @@ class JobContribution:
     rows: list[ContributionRow] = field(default_factory=list)
     rounds: dict[int, dict[str, float]] = field(default_factory=dict)
     usage: list = field(default_factory=list)
+    #: the job's runs (``accounting.runs.runs_of``): above 1, usage is listed per site and run
+    runs: int = 1
     usage_totals: dict = field(default_factory=dict)
     flower: dict = field(default_factory=dict)
     v_empty: float | None = None
@@ -151,7 +154,8 @@ def job_contribution(*, user, job: FederatedJob) -> JobContribution:
         visible=True,
         rows=rows,
         rounds=dict(sorted(rounds.items())),
-        usage=sorted(usage, key=lambda u: u.site.slug),
+        usage=sorted(usage, key=lambda u: (u.site.slug, u.run)),
+        runs=runs_of(job),
         usage_totals=totals,
         flower=job.final_metrics.get("flower") or {},
         v_empty=run_table.get(""),

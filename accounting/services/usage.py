@@ -18,6 +18,7 @@ from django.db import transaction
 from django.db.models import Count, Q, Sum
 
 from accounting.models import UsageRecord
+from accounting.runs import runs_of
 from federation.models import FederatedJob, SiteRoundMetric
 from federation.selectors import site_energy
 from portal.ledger.leaves import commitment
@@ -37,7 +38,7 @@ def _dec(value: float, places: int = 6) -> str:
 def run_ordinal(job: FederatedJob) -> int:
     """The ordinal of ``job``'s current (or last) run: 1 for its first Flower run, + 1 for each
     time it was resumed (``job.earlier_runs`` holds the run ids before the current one)."""
-    return len(job.earlier_runs) + 1
+    return runs_of(job)
 
 
 def _ledger_record(record: UsageRecord, job: FederatedJob, examples_commitment: str) -> dict:

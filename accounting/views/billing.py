@@ -17,6 +17,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 
 from accounting.billing_forms import PriceRuleForm
+from accounting.runs import flower_run_id
 from accounting.selectors import billing as selectors
 from accounting.services import billing as services
 from portal.models import Institution
@@ -103,6 +104,7 @@ def invoice_detail(request, pk: int):
             "institution": invoice.institution,
             "page_obj": page,
             "footprint": selectors.invoice_footprint(invoice=invoice),
+            "show_runs": selectors.invoice_runs(invoice=invoice),
         },
     )
 
@@ -128,12 +130,16 @@ CSV_HEADER = [
     "job_finished_at",
     "energy_kwh",
     "emissions_g",
+    "run",
+    "flower_run",
 ]
 
 
 def invoice_csv_rows(invoice):
     """The CSV rows of ``invoice``: one per entry, in ``CSV_HEADER`` order. ``signed_amount`` is
-    +amount for charges and −amount for credits, so the column sums to the invoice's total."""
+    +amount for charges and −amount for credits, so the column sums to the invoice's total;
+    ``run`` / ``flower_run``: the job's run the line belongs to (1 unless the job was resumed,
+    ADR 0028) and its Flower run id."""
     for e in selectors.invoice_lines(invoice=invoice):
         charge = e.kind in services.CHARGE_KINDS
         yield [
@@ -157,6 +163,8 @@ def invoice_csv_rows(invoice):
             _iso(e.job.finished_at),
             e.energy_kwh,
             e.emissions_g,
+            e.run,
+            flower_run_id(e.job, e.run),
         ]
 
 

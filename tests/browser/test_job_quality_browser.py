@@ -7,6 +7,7 @@ confusion matrix with small counts suppressed, the baseline and its plot. Screen
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -171,7 +172,8 @@ def test_columns_table_and_results_in_the_browser(live_server, transactional_db,
     assert "Classification (str target)" in page.locator("#task-hint").inner_text()
 
     page.get_by_role("button", name="Submit job").click()
-    page.wait_for_url(f"{live_server.url}/jobs/*/")
+    # a job's page, not the form again: "/jobs/*/" also matches "/jobs/new/"
+    page.wait_for_url(re.compile(re.escape(live_server.url) + r"/jobs/\d+/$"))
     job = FederatedJob.objects.get(title="Sepsis, from the form")
     assert job.feature_columns == ["age", "ward"]
     assert job.preprocessing[0] == {

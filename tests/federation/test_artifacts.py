@@ -5,6 +5,7 @@ rows; the model card; the resume service, its page action and its audit event.""
 
 from __future__ import annotations
 
+import html
 import importlib
 import json
 from dataclasses import asdict
@@ -295,7 +296,10 @@ def test_model_card_page_and_json_name_datasets_strategy_rounds_and_the_file(cli
     text = page.content.decode()
     for v in world["versions"]:
         assert v.dataset.slug in text
-    assert "fedavg" in text and "no differential privacy" in text
+    assert "no differential privacy" in text
+    # the job page's wording (federation.method), not the stored codes
+    assert _dd(text, "card-model-kind") == "Logistic (softmax) regression"
+    assert _dd(text, "card-strategy") == "FedAvg"
     assert "available once the airlock has released it" in text
     assert card["rounds"] == 4 and card["strategy"] == "fedavg"
     assert {d["dataset"] for d in card["datasets"]} == {v.dataset.slug for v in world["versions"]}
@@ -349,7 +353,34 @@ def test_model_card_of_a_dp_job_states_its_epsilon_and_delta(client, world):
 
     assert (card["epsilon"], card["delta"]) == (3.25, 1e-6)
     assert card["privacy"] == {"dp": "client", "noise_multiplier": 2.0, "clipping_norm": 1.0}
-    assert "ε = 3.25 at δ = 0.000001" in text and "no differential privacy" not in text
+    assert "ε = 3.25 at δ = 1e-6" in text and "no differential privacy" not in text
+
+
+def _dd(page: str, dd_id: str) -> str:
+    """The text of the ``<dd id="dd_id">`` element of ``page``."""
+    start = page.index(f'id="{dd_id}"')
+    return html.unescape(page[page.index(">", start) + 1 : page.index("</dd>", start)]).strip()
+
+
+def test_model_card_and_job_page_state_a_dp_jobs_epsilon_in_the_same_words(client, world):
+    """One wording (``federation.method.epsilon_text``) on the card page, in the card file and on
+    the job page: ε 2.9137 to 3 significant digits is 2.91; δ 1e-5 in its shortest form."""
+    dp = {"dp": "server", "noise_multiplier": 1.1, "clipping_norm": 1.0, "delta": 1e-5}
+    FederatedJob.objects.filter(pk=world["job"].pk).update(privacy=dp, epsilon=2.9137)
+    world["job"].refresh_from_db()
+    fitted = _fitted()
+    _finish(world["job"], fitted, _weights(fitted))
+    client.force_login(world["researcher"])
+    card_url = reverse("federation:job_model_card", args=[world["job"].pk])
+
+    card_page = client.get(card_url).content.decode()
+    card = client.get(card_url, {"format": "json"}).json()
+    job_page = client.get(reverse("federation:job_detail", args=[world["job"].pk])).content.decode()
+
+    assert _dd(card_page, "card-epsilon") == "ε = 2.91 at δ = 1e-5"
+    assert _dd(job_page, "job-epsilon") == "ε = 2.91 at δ = 1e-5"
+    assert card["epsilon_text"] == "ε = 2.91 at δ = 1e-5"
+    assert card["epsilon"] == 2.9137  # the figure itself stays exact in the file
 
 
 # --- resuming a failed job ---------------------------------------------------------------------
@@ -467,13 +498,26 @@ def test_resume_is_refused_without_a_checkpoint_for_others_and_for_a_live_job(wo
     assert not AuditEvent.objects.filter(action="job.resume").exists()
 
 
+def test_the_job_page_of_a_failed_job_without_a_checkpoint_offers_no_resume(
+    client, world, model_store
+):
+    """The button used to show on every failed job; without a checkpoint the resume is refused."""
+    job = _failed_with_checkpoint(world, model_store, rnd=0)
+    client.force_login(world["researcher"])
+
+    page = client.get(reverse("federation:job_detail", args=[job.pk])).content.decode()
+
+    assert 'id="resume"' not in page and "Resume from" not in page
+    assert "cannot be resumed: submit the job again" in page
+
+
 def test_the_job_page_offers_resume_to_its_submitter_and_the_button_works(
     client, world, model_store
 ):
     job = _failed_with_checkpoint(world, model_store)
     detail = reverse("federation:job_detail", args=[job.pk])
     client.force_login(world["researcher"])
-    assert "Resume from the last round" in client.get(detail).content.decode()
+    assert "Resume from round 2" in client.get(detail).content.decode()
 
     response = client.post(reverse("federation:job_resume", args=[job.pk]))
 
@@ -481,4 +525,4 @@ def test_the_job_page_offers_resume_to_its_submitter_and_the_button_works(
     job.refresh_from_db()
     assert job.status == JobStatus.QUEUED
     client.force_login(world["stewards"][0])
-    assert "Resume from the last round" not in client.get(detail).content.decode()
+    assert "Resume from round" not in client.get(detail).content.decode()

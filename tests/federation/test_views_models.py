@@ -193,3 +193,92 @@ def test_final_model_values_fit_the_callback_body():
     longest = len(json.dumps(-2.2250738585072014e-308)) + 1  # a comma after each
     assert contract.MAX_FINAL_MODEL_VALUES * longest < contract.MAX_EVENT_BYTES
     assert contract.MAX_FINAL_MODEL_VALUES <= contract.MAX_MODEL_VALUES
+
+
+def _ward_world(world, per_dataset: list[list[str]]) -> None:
+    """Give the world's datasets a categorical column ``ward`` whose profile lists the categories
+    ``per_dataset[i]`` (each held by more than 7 rows, as a profile lists them)."""
+    for version, wards in zip(world["versions"], per_dataset, strict=True):
+        version.schema = [*version.schema, {"name": "ward", "type": "str"}]
+        version.profile = {
+            "format": 2,
+            "rows": 500,
+            "columns": [
+                {"name": "x1", "type": "float", "missing": 0, "count": 500},
+                {
+                    "name": "ward",
+                    "type": "str",
+                    "missing": 0,
+                    "count": 500,
+                    "categories": [{"value": w, "count": 10} for w in wards],
+                    "other": 0,
+                },
+                {
+                    "name": "label",
+                    "type": "str",
+                    "missing": 0,
+                    "count": 500,
+                    "categories": [{"value": "no", "count": 250}, {"value": "yes", "count": 250}],
+                    "other": 0,
+                },
+            ],
+        }
+        version.save()
+
+
+def test_job_form_an_mlp_over_the_limit_by_its_one_hot_width_is_refused_with_its_weights(
+    pi_client, world
+):
+    """Two datasets list 6 + 6 wards with one in common: 11 categories, one-hot with the
+    "(other)" column 12 inputs, plus x1: 13 inputs. Hidden 1024,64, 2 classes:
+    13·1024 + 1024 + 1024·64 + 64 + 64·2 + 2 = 80,066 weights > 80,000. One input per feature
+    (2) would give 2·1024 + 66,754 = 68,802, below the limit."""
+    wards_a = [f"A{i}" for i in range(5)] + ["shared"]
+    wards_b = [f"B{i}" for i in range(5)] + ["shared"]
+    _ward_world(world, [wards_a, wards_b])
+
+    response = pi_client.post(
+        "/jobs/new/",
+        _form_data(world, feature_columns="x1, ward", model_kind="mlp", mlp_hidden="1024,64"),
+    )
+
+    assert response.status_code == 200
+    block = _field_block(response.content.decode(), "id_mlp_hidden")
+    assert "This model has 80,066 weights" in block
+    assert "13 inputs (12 of them for categorical features, one-hot" in block
+    assert "at least" not in block
+    assert FederatedJob.objects.count() == 0
+
+
+def test_job_form_an_mlp_just_under_the_limit_with_its_one_hot_width_is_accepted(
+    pi_client, world, fake_superlink, eager_celery
+):
+    """One ward fewer (10 categories, 12 inputs): 12·1024 + 66,754 = 79,042 ≤ 80,000."""
+    wards_a = [f"A{i}" for i in range(5)] + ["shared"]
+    wards_b = [f"B{i}" for i in range(4)] + ["shared"]
+    _ward_world(world, [wards_a, wards_b])
+
+    response = pi_client.post(
+        "/jobs/new/",
+        _form_data(world, feature_columns="x1, ward", model_kind="mlp", mlp_hidden="1024,64"),
+    )
+
+    assert response.status_code == 302
+    assert FederatedJob.objects.get().model_spec["hidden"] == [1024, 64]
+
+
+def test_job_form_a_model_size_with_a_truncated_profile_list_says_at_least(pi_client, world):
+    """A profile lists at most 20 categories (``sandbox.profile.MAX_CATEGORIES``): a column
+    with 20 listed may have more, so the count is a lower bound and says so. 20 + 1 + 1 = 22
+    inputs: 22·1024 + 66,754 = 89,282 > 80,000."""
+    wards = [f"W{i:02d}" for i in range(20)]
+    _ward_world(world, [wards, wards])
+
+    response = pi_client.post(
+        "/jobs/new/",
+        _form_data(world, feature_columns="x1, ward", model_kind="mlp", mlp_hidden="1024,64"),
+    )
+
+    block = _field_block(response.content.decode(), "id_mlp_hidden")
+    assert "at least 89,282 weights" in block
+    assert FederatedJob.objects.count() == 0
