@@ -188,7 +188,10 @@ def model_card(job) -> dict:
         "metrics": {
             "eval_accuracy": final.get("eval_accuracy"),
             "eval_loss": final.get("eval_loss"),
-            "eval_examples": final.get("eval_examples"),
+            # pooled held-out rows: less a site's own, another site's exact rows (finding 5)
+            "eval_examples": None
+            if final.get("eval_examples") is None
+            else safe_count(int(final["eval_examples"])),
             "pooled": final.get("metrics"),
             "baseline": final.get("baseline"),
         },

@@ -510,7 +510,8 @@ def test_model_card_shows_each_sites_row_counts_under_the_disclosure_rule(client
             slugs[1]: {**big, "imputed": {"age": 13}},
         },
     }
-    world["job"].save(update_fields=["preparation"])
+    world["job"].final_metrics["eval_examples"] = 246
+    world["job"].save(update_fields=["preparation", "final_metrics"])
     url = reverse("federation:job_model_card", args=[world["job"].pk])
     steward = world["stewards"][0]  # of the small site, and a member of the project
     ProjectMemberFactory(project=world["project"], user=steward, role=ProjectRole.MEMBER)
@@ -537,4 +538,5 @@ def test_model_card_shows_each_sites_row_counts_under_the_disclosure_rule(client
             "imputed": {"age": 15},
         }
         assert card["preparation"]["fills"] == {"age": "median 41"}
+        assert card["metrics"]["eval_examples"] == 245  # 246 pooled: 245 + 1, less 1 = 245
         assert client.get(url).status_code == 200
