@@ -538,5 +538,5 @@ def test_model_card_shows_each_sites_row_counts_under_the_disclosure_rule(client
             "imputed": {"age": 15},
         }
         assert card["preparation"]["fills"] == {"age": "median 41"}
-        assert card["metrics"]["eval_examples"] == 245  # 246 pooled: 245 + 1, less 1 = 245
+        assert card["metrics"]["eval_examples"] == 245  # safe_count(246): nearest multiple of 5
         assert client.get(url).status_code == 200
