@@ -22,6 +22,7 @@ from django.conf import settings
 from federation import method
 from federation.exporters import ExportError, ExportInput, export
 from frp_flwr import checkpoints
+from sandbox.profile import safe_count
 from sandbox.storage import ObjectStore, StorageError, store_from_url
 
 FORMAT = 1
@@ -122,6 +123,25 @@ def skops_bytes(job) -> bytes:
     return sio.dumps(estimator(job), compression=zipfile.ZIP_DEFLATED, compresslevel=9)
 
 
+def _preparation_shown(preparation: dict | None) -> dict | None:
+    """``job.preparation`` with each site's counts (rows, dropped, train/test rows, imputed
+    cells) under the profile's disclosure rule (``sandbox.profile.safe_count``: ``0``,
+    ``"≤7"``, or the nearest multiple of 5): a card is shared with every project member and
+    beyond, and a site's exact row count is for its own stewards (issue 9, finding 5)."""
+    if not preparation:
+        return None
+    sites = {}
+    for slug, info in (preparation.get("sites") or {}).items():
+        shown = {
+            k: safe_count(int(v)) if isinstance(v, int) else v
+            for k, v in info.items()
+            if k != "imputed"
+        }
+        shown["imputed"] = {f: safe_count(int(n)) for f, n in (info.get("imputed") or {}).items()}
+        sites[slug] = shown
+    return {**preparation, "sites": sites}
+
+
 def model_card(job) -> dict:
     """The model card of a finished ``job`` (shown on its page and downloadable as JSON):
     datasets and versions per site, preprocessing, model, strategy, rounds, metrics, ε (when a
@@ -166,12 +186,15 @@ def model_card(job) -> dict:
         "features": list(job.feature_columns),
         "classes": final.get("classes", []),
         "preprocessing": final.get("preprocessing") or {"plans": job.preprocessing},
-        "preparation": job.preparation or None,
+        "preparation": _preparation_shown(job.preparation),
         "datasets": sites,
         "metrics": {
             "eval_accuracy": final.get("eval_accuracy"),
             "eval_loss": final.get("eval_loss"),
-            "eval_examples": final.get("eval_examples"),
+            # pooled held-out rows: less a site's own, another site's exact rows (finding 5)
+            "eval_examples": None
+            if final.get("eval_examples") is None
+            else safe_count(int(final["eval_examples"])),
             "pooled": final.get("metrics"),
             "baseline": final.get("baseline"),
         },

@@ -196,6 +196,12 @@ STATICFILES_DIRS = [BASE_DIR / "portal" / "static"]
 # Behind a TLS-terminating proxy (docker-compose's nginx): trust its X-Forwarded-Proto.
 if env.bool("FRP_BEHIND_TLS_PROXY", default=False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    # Sign-in rate limits count the client's address, not the proxy's (every request reaches
+    # gunicorn from nginx): nginx appends the client to X-Forwarded-For
+    # ($proxy_add_x_forwarded_for), and allauth takes the entry that many from the end, so a
+    # client's own X-Forwarded-For entries change nothing. Without it, one visitor's failed
+    # sign-ins locked every visitor out (issue 9, finding 9).
+    ALLAUTH_TRUSTED_PROXY_COUNT = env.int("FRP_TRUSTED_PROXY_COUNT", default=1)
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SECURE = not DEBUG
 CSRF_COOKIE_SECURE = not DEBUG

@@ -43,6 +43,9 @@ class ContributionRow:
     evaluations: int
     loo_raw: float | None = None
     loo_share: float | None = None
+    #: ``raw_value`` as the page shows it: a data-volume raw value is a count of training
+    #: examples (rounds × rows), so exact only for the site's own stewards (``shown_count``)
+    raw_shown: object = None
 
 
 #: Why a job is credited by data volume instead of Shapley values: the job page says it.
@@ -114,6 +117,7 @@ def job_contribution(*, user, job: FederatedJob) -> JobContribution:
         return JobContribution(visible=False)
     scores = list(ContributionScore.objects.filter(job=job).select_related("site"))
     usage = list(UsageRecord.objects.filter(job=job).select_related("site"))
+    stewarded = stewarded_institution_ids(user=user)
     whole = [s for s in scores if s.round == 0]
     main_method = next((m for m in SHARE_METHODS if any(s.method == m for s in whole)), None)
     loo = {s.site_id: s for s in whole if s.method == ContributionMethod.LOO}
@@ -127,6 +131,9 @@ def job_contribution(*, user, job: FederatedJob) -> JobContribution:
             evaluations=s.evaluations,
             loo_raw=loo[s.site_id].raw_value if s.site_id in loo else None,
             loo_share=loo[s.site_id].share if s.site_id in loo else None,
+            raw_shown=shown_count(round(s.raw_value), exact=s.site.institution_id in stewarded)
+            if s.method == ContributionMethod.DATA_VOLUME
+            else s.raw_value,
         )
         for s in sorted(whole, key=lambda s: s.site.slug)
         if s.method == main_method
@@ -144,7 +151,6 @@ def job_contribution(*, user, job: FederatedJob) -> JobContribution:
     }
     # A site's examples are rounds × its dataset's rows: exact only for its own stewards, else
     # under the profile's disclosure rule (hostile re-test of issue 9, finding 5).
-    stewarded = stewarded_institution_ids(user=user)
     for u in usage:
         u.examples_shown = shown_count(u.examples, exact=u.site.institution_id in stewarded)
     totals["examples"] = shown_count(

@@ -23,6 +23,7 @@ from accounting.models import ContributionMethod, ContributionScore
 from accounting.selectors.contribution import volume_basis
 from federation.models import FederatedJob, SiteRoundMetric
 from frp_flwr.coalitions import EXACT_MAX_SITES, coalition_key
+from portal.ledger.leaves import commitment
 from portal.ledger.services import ledger_append
 from portal.services import audit_record
 
@@ -132,7 +133,7 @@ def contribution_score_job(*, job: FederatedJob) -> list[ContributionScore]:
             unknown = [p for p in players if p not in sites]
             if unknown:
                 raise ContributionError(f"contribution names sites outside the job: {unknown}")
-        scores, created_any = [], False
+        scores, created_any, salts, volume = [], False, {}, {}
         for method, rnd, players, raw, evaluations in results:
             shares = normalise(raw)
             for slug, value, share in zip(players, raw, shares, strict=True):
@@ -157,18 +158,24 @@ def contribution_score_job(*, job: FederatedJob) -> list[ContributionScore]:
                     score.save(update_fields=list(values))
                 if changed:
                     created_any = True
-                    ledger_append(
-                        kind="contribution",
-                        record={
-                            "job": job.pk,
-                            "site": slug,
-                            "method": str(method),
-                            "round": rnd,
-                            "raw_value": repr(float(value)),
-                            "share": repr(float(share)),
-                            "evaluations": evaluations,
-                        },
-                    )
+                    record = {
+                        "job": job.pk,
+                        "site": slug,
+                        "method": str(method),
+                        "round": rnd,
+                        "raw_value": repr(float(value)),
+                        "share": repr(float(share)),
+                        "evaluations": evaluations,
+                    }
+                    if method == ContributionMethod.DATA_VOLUME:
+                        # A data-volume raw value is the site's training examples (rounds ×
+                        # rows): every institution reads the ledger, so only a salted
+                        # commitment goes in, as for usage (issue 9, finding 5); the figure
+                        # and its salt stay in the score and the audit event.
+                        del record["raw_value"]
+                        record["raw_value_commitment"], salts[slug] = commitment(repr(float(value)))
+                        volume[slug] = value
+                    ledger_append(kind="contribution", record=record)
                 scores.append(score)
         if created_any:  # a second call writes nothing, not even an audit event
             audit_record(
@@ -177,5 +184,15 @@ def contribution_score_job(*, job: FederatedJob) -> list[ContributionScore]:
                 target=job,
                 institution=job.project.institution,
                 methods=sorted({str(m) for m, *_ in results}),
+            )
+        for slug, salt in salts.items():  # each site's salt for its own parties (as usage's)
+            audit_record(
+                by=None,
+                action="contribution.data_volume",
+                target=job,
+                institution=sites[slug].institution,
+                site=slug,
+                raw_value=repr(float(volume[slug])),
+                raw_value_salt=salt,
             )
         return scores

@@ -125,3 +125,53 @@ def test_job_page_of_a_trees_job_names_data_volume_and_why(client):
     assert "bagged across sites (FedXgbBagging)" in html and "ADR 0023" in html
     assert "hidden by secure aggregation" not in html
     assert "30 examples" in html and "75.0 %" in html
+
+
+def test_data_volume_examples_are_disclosure_controlled_on_the_page_and_in_the_ledger(client):
+    """Issue 9, finding 5 (hostile re-test): a data-volume raw value is a site's training
+    examples (rounds × rows). The page showed it exact to every project member ("3 examples" of
+    a site whose dataset page says "≤7 rows") and its ledger leaf to every institution."""
+    from portal.ledger.leaves import commitment_matches
+    from portal.ledger.models import LedgerEntry
+    from portal.models import AuditEvent, Membership, Role
+
+    job = running_job(2, rounds=1)
+    post(
+        job,
+        "round",
+        round=1,
+        sites={"s0": {"ok": True, "train_examples": 3}, "s1": {"ok": True, "train_examples": 77}},
+    )
+    job = finish(job)
+    job.final_metrics = {**job.final_metrics, "updates_hidden": True}
+    job.save()
+    contribution_score_job(job=job)
+
+    html = _page(client, job)  # the PI, steward of no site
+    assert "≤7 examples" in html and "≈75 examples" in html
+    assert ">3 examples" not in html and ">77 examples" not in html
+    steward = UserFactory()
+    s0 = job.sites.get(site__slug="s0").site
+    Membership.objects.create(user=steward, institution=s0.institution, role=Role.DATA_STEWARD)
+    seen = {r.site.slug: r.raw_shown for r in job_contribution(user=steward, job=job).rows}
+    assert seen == {"s0": 3, "s1": "≈75"}  # exact for its own site only
+
+    leaves = [
+        json.loads(e.data)
+        for e in LedgerEntry.objects.filter(kind="contribution").order_by("index")
+    ]
+    assert [leaf["site"] for leaf in leaves] == ["s0", "s1"]
+    assert all("raw_value" not in leaf for leaf in leaves)
+    events = {
+        e.data["site"]: e
+        for e in AuditEvent.objects.filter(action="contribution.data_volume", target_id=str(job.pk))
+    }
+    assert events["s0"].institution == s0.institution
+    for leaf in leaves:
+        data = events[leaf["site"]].data
+        assert data["raw_value"] == {"s0": "3.0", "s1": "77.0"}[leaf["site"]]
+        assert commitment_matches(
+            data["raw_value"],
+            commitment_hex=leaf["raw_value_commitment"],
+            salt_hex=data["raw_value_salt"],
+        )

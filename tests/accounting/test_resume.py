@@ -42,6 +42,7 @@ from accounting.services import steps
 from federation import services, superlink
 from federation.models import FederatedJob, JobSite, JobStatus, SiteRoundMetric
 from frp_flwr import checkpoints
+from portal.ledger.leaves import commitment_matches
 from portal.ledger.models import LedgerEntry
 from portal.models import AuditEvent
 from sandbox.storage import store_from_url
@@ -327,11 +328,18 @@ def test_score_measured_again_at_the_completed_end_gets_a_new_leaf_and_the_old_o
     after = _leaves()
     assert after[: len(leaves)] == leaves
     measured = [
-        json.loads(data)["raw_value"]
+        json.loads(data)["raw_value_commitment"]
         for _, kind, data, _ in after
         if kind == "contribution" and json.loads(data)["job"] == job.pk
     ]
-    assert measured == ["120.0", "120.0", "160.0", "160.0"]
+    salts = [  # one event per site and measurement, in the order of the leaves
+        e.data for e in AuditEvent.objects.filter(action="contribution.data_volume").order_by("pk")
+    ]
+    assert [e["raw_value"] for e in salts] == ["120.0", "120.0", "160.0", "160.0"]
+    assert all(
+        commitment_matches(e["raw_value"], commitment_hex=c, salt_hex=e["raw_value_salt"])
+        for c, e in zip(measured, salts, strict=True)
+    )
 
 
 def test_chain_of_the_failed_end_delivered_while_the_job_runs_again_writes_nothing(

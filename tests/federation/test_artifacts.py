@@ -526,3 +526,61 @@ def test_the_job_page_offers_resume_to_its_submitter_and_the_button_works(
     assert job.status == JobStatus.QUEUED
     client.force_login(world["stewards"][0])
     assert "Resume from round" not in client.get(detail).content.decode()
+
+
+def test_model_card_shows_each_sites_row_counts_under_the_disclosure_rule(client, world):
+    """Issue 9, finding 5 (hostile re-test): the card (page and JSON, every project member)
+    carried ``job.preparation`` raw — a site's exact rows, train and test rows, dropped and
+    imputed cells — while the job page shows them as "≤7" / "≈…" to all but the site's
+    stewards. The card is a document for sharing: its counts follow the rule for everyone."""
+    fitted = _fitted()
+    _finish(world["job"], fitted, _weights(fitted))
+    slugs = [v.dataset.site.slug for v in world["versions"]]
+    counts = {"rows": 3, "dropped_target": 1, "dropped_rows": 0, "train_rows": 1, "test_rows": 1}
+    big = {
+        "rows": 1234,
+        "dropped_target": 12,
+        "dropped_rows": 0,
+        "train_rows": 977,
+        "test_rows": 245,
+    }
+    world["job"].preparation = {
+        "task": "classification",
+        "columns": ["age"],
+        "fills": {"age": "median 41"},
+        "notes": [],
+        "sites": {
+            slugs[0]: {**counts, "imputed": {"age": 2}},
+            slugs[1]: {**big, "imputed": {"age": 13}},
+        },
+    }
+    world["job"].final_metrics["eval_examples"] = 246
+    world["job"].save(update_fields=["preparation", "final_metrics"])
+    url = reverse("federation:job_model_card", args=[world["job"].pk])
+    steward = world["stewards"][0]  # of the small site, and a member of the project
+    ProjectMemberFactory(project=world["project"], user=steward, role=ProjectRole.MEMBER)
+
+    for user in (world["researcher"], steward):
+        client.force_login(user)
+        card = client.get(url, {"format": "json"}).json()
+        small, large = (card["preparation"]["sites"][s] for s in slugs)
+        assert small == {
+            "rows": "≤7",
+            "dropped_target": "≤7",
+            "dropped_rows": 0,
+            "train_rows": "≤7",
+            "test_rows": "≤7",
+            "imputed": {"age": "≤7"},
+        }
+        # safe_count: nearest multiple of 5, halves up (1234 → 1235, 977 → 975, 13 → 15)
+        assert large == {
+            "rows": 1235,
+            "dropped_target": 10,
+            "dropped_rows": 0,
+            "train_rows": 975,
+            "test_rows": 245,
+            "imputed": {"age": 15},
+        }
+        assert card["preparation"]["fills"] == {"age": "median 41"}
+        assert card["metrics"]["eval_examples"] == 245  # safe_count(246): nearest multiple of 5
+        assert client.get(url).status_code == 200

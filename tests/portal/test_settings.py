@@ -157,3 +157,59 @@ def test_check_deploy_reports_only_what_the_shipped_proxy_covers(tmp_path):
     assert "listen 80;" in nginx and "return 301 https://" in nginx  # W008
     readme = (ROOT / "README.md").read_text()
     assert "security.W004" in readme and "security.W008" in readme
+
+
+def _client_ip_under_compose(tmp_path, xff: str) -> str:
+    """The client address allauth's rate limits count, for a request that reached gunicorn
+    through compose's nginx (REMOTE_ADDR = nginx's container, X-Forwarded-For = ``xff``)."""
+    import secrets
+
+    from cryptography.fernet import Fernet
+
+    env = {  # as test_check_deploy_reports_only_what_the_shipped_proxy_covers
+        "DEBUG": "False",
+        "SECRET_KEY": secrets.token_urlsafe(50),
+        "ALLOWED_HOSTS": "portal.example.org,web,localhost",
+        "CSRF_TRUSTED_ORIGINS": "https://portal.example.org",
+        "FRP_BEHIND_TLS_PROXY": "True",  # as docker-compose.yml sets it for web
+        "DATABASE_URL": "postgres://frp:pw@127.0.0.1:5432/frp",
+        "CELERY_BROKER_URL": "redis://:pw@127.0.0.1:6379/0",
+        "FRP_LEDGER_SIGNER_KEY": "set",
+        "FRP_CALLBACK_KEY": secrets.token_hex(32),
+        "FRP_FIELD_KEYS": Fernet.generate_key().decode(),
+        "EMAIL_URL": "smtp://mailpit:1025",
+        "FRP_CALLBACK_BASE_URL": "http://web:8000",
+        "FRP_CALLBACK_ALLOW_HTTP": "True",
+        "FRP_VAR_DIR": str(tmp_path / "var"),
+    }
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("FRP_", "DATABASE_", "CACHE_", "CELERY_", "EMAIL_", "DJANGO_"))
+    }
+    code = (
+        "import django; django.setup(); from django.test import RequestFactory; "
+        "from allauth.account.adapter import get_adapter; "
+        f"r = RequestFactory().post('/accounts/login/', REMOTE_ADDR='172.18.0.9', "
+        f"HTTP_X_FORWARDED_FOR={xff!r}); print(get_adapter().get_client_ip(r))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**clean, **env, "DJANGO_SETTINGS_MODULE": "portal.settings"},
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_behind_compose_nginx_rate_limits_count_each_client_not_the_proxy(tmp_path):
+    """Issue 9, finding 9 (hostile re-test): behind nginx every request came from nginx's address,
+    so allauth's per-address limits (10 failed sign-ins a minute) were one bucket for all users:
+    one visitor's wrong passwords locked every other visitor out. nginx appends the client's
+    address to X-Forwarded-For; that last entry is the one counted, and a client's own
+    X-Forwarded-For entries before it change nothing."""
+    assert _client_ip_under_compose(tmp_path, "203.0.113.7") == "203.0.113.7"
+    assert _client_ip_under_compose(tmp_path, "10.9.9.9, 198.51.100.4") == "198.51.100.4"

@@ -19,7 +19,7 @@ from sandbox.crypto import generate_key
 from sandbox.ingest import ingest_csv
 from sandbox.models import DatasetVersion
 from sandbox.storage import FilesystemStore
-from tests.factories import SiteFactory
+from tests.factories import SiteFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -125,3 +125,51 @@ def test_no_or_foreign_credential_refused(tmp_path):
     assert _post(client, "x", url, b"not json").status_code == 401
     token = site_credential_issue(by=None, site=site)
     assert _post(client, token, url, b"not json").status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [  # issue 9, findings 6 and 7 on the site's ingest path (hostile re-test)
+        (lambda b: b["result"].update(row_count=10**30), "row_count must be"),
+        (lambda b: b["result"].update(size_bytes=2**63), "size_bytes must be"),
+        (lambda b: b["result"].update(source_bytes=10**30), "source_bytes must be"),
+        (
+            lambda b: b["result"].update(
+                schema=[{"name": f"c{i}", "type": "int"} for i in range(1001)]
+            ),
+            "FRP_MAX_COLUMNS",
+        ),
+        (lambda b: b["result"]["schema"].append({"name": "age", "type": "int"}), "distinct"),
+        (lambda b: b["result"].update(profile={"rows": "x", "columns": None}), "profile"),
+        (lambda b: b["result"]["profile"].update(columns=[1, 2]), "must be an object"),
+        (lambda b: b["result"]["profile"]["columns"].pop(), "one entry per schema column"),
+        (lambda b: b["result"]["profile"]["columns"][0].update(mean="x"), "mean must be"),
+        (lambda b: b["result"]["profile"]["columns"][0].update(missing=-1), "missing must be"),
+        (lambda b: b["result"]["profile"]["columns"][0].update(top=5), "unknown keys"),
+        (lambda b: b["result"]["profile"]["columns"][1].update(name="other"), "name and type"),
+    ],
+)
+def test_a_site_cannot_register_figures_the_portal_cannot_hold_or_show(tmp_path, change, message):
+    """Counts beyond 64 bits were a 500 (bigint out of range); a schema over FRP_MAX_COLUMNS was
+    accepted; a malformed profile was stored and made the dataset page a 500 for every visitor."""
+    site = SiteFactory()
+    token = site_credential_issue(by=None, site=site)
+    body = _body(_ingest(tmp_path, site))
+    change(body)
+    response = _post(Client(), token, reverse("sandbox:api_datasets"), body)
+    assert response.status_code == 400, response.content
+    assert message in response.json()["error"]
+    assert not DatasetVersion.objects.exists()
+
+
+def test_a_registered_profile_renders_for_a_researcher(tmp_path):
+    site = SiteFactory()
+    token = site_credential_issue(by=None, site=site)
+    response = _post(
+        Client(), token, reverse("sandbox:api_datasets"), _body(_ingest(tmp_path, site))
+    )
+    assert response.status_code == 201, response.content
+    viewer = Client()
+    viewer.force_login(UserFactory())
+    dv = DatasetVersion.objects.get()
+    assert viewer.get(f"/datasets/{dv.dataset_id}/").status_code == 200
