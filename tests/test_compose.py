@@ -108,3 +108,47 @@ def test_every_variable_listed_in_env_example():
     used = set(re.findall(r"\$\{([A-Z0-9_]+)", code))
     listed = set(re.findall(r"^#?\s*([A-Z0-9_]+)=", (ROOT / ".env.example").read_text(), re.M))
     assert used <= listed, used - listed
+
+
+_VAR = re.compile(r"\$\{([A-Z0-9_]+)(?::?-([^${}]*))?\}")
+
+
+def _env_example() -> dict[str, str]:
+    """The uncommented ``KEY=VALUE`` lines of .env.example: the documented values of a .env."""
+    text = (ROOT / ".env.example").read_text()
+    return dict(re.findall(r"^([A-Z0-9_]+)=(.*)$", text, re.M))
+
+
+def _interpolate(text: str, env: dict[str, str]) -> str:
+    """Compose's interpolation of ``${VAR}``, ``${VAR:-default}`` (nested) and ``$$``."""
+    text = text.replace("$$", "\0")
+    while True:
+        new = _VAR.sub(lambda m: env.get(m[1]) or (m[2] or ""), text)
+        if new == text:
+            return new.replace("\0", "$")
+        text = new
+
+
+@pytest.fixture(scope="module")
+def resolved() -> dict:
+    """docker-compose.yml as Compose sees it with .env.example's values as the .env."""
+    return yaml.safe_load(_interpolate((ROOT / "docker-compose.yml").read_text(), _env_example()))
+
+
+def test_web_has_every_setting_a_site_kit_needs(resolved):
+    # Every setting federation/onboarding.py reads to make a kit; FRP_PORTAL_CA_FILE is optional
+    # (only when another CA than the platform's signed the portal's HTTPS certificate).
+    source = (ROOT / "federation" / "onboarding.py").read_text()
+    needed = set(re.findall(r"settings\.(FRP_[A-Z0-9_]+)", source)) - {"FRP_PORTAL_CA_FILE"}
+    assert {"FRP_SUPERLINK_PUBLIC_ADDRESS", "FRP_PORTAL_URL", "FRP_FEDERATION_CA_FILE"} <= needed
+    web = resolved["services"]["web"]
+    env = web["environment"]
+    assert needed <= set(env), needed - set(env)
+    dotenv = _env_example()
+    # The address sites dial: a host name (not the compose-internal one) and the published port.
+    host, port = env["FRP_SUPERLINK_PUBLIC_ADDRESS"].rsplit(":", 1)
+    assert host and host != "superlink" and port == dotenv["FRP_SUPERLINK_PORT"]
+    # The site tool refuses plain HTTP: the portal's public HTTPS URL, never http://web:8000.
+    assert env["FRP_PORTAL_URL"] == f"https://{dotenv['FRP_PUBLIC_HOST']}"
+    # The CA file is mounted in the web container.
+    assert env["FRP_FEDERATION_CA_FILE"] in {c["target"] for c in web["configs"]}
