@@ -73,7 +73,7 @@ def test_supernodes_use_tls_node_auth_and_real_flags(compose):
         (node_config,) = [a.split("=", 1)[1] for a in cmd if a.startswith("--node-config=")]
         parsed = parse_config_args([node_config])
         assert parsed["site"] == site and parsed["keyring"] == "/keys"
-        assert parsed["store"] == f"s3://minio-{site}:9000/{site}"
+        assert parsed["store"] == f"s3s://minio-{site}:9000/{site}?ca=/certs/store-ca.crt"
 
 
 def test_superlink_uses_tls_and_node_auth_with_real_flags(compose):
@@ -152,3 +152,43 @@ def test_web_has_every_setting_a_site_kit_needs(resolved):
     assert env["FRP_PORTAL_URL"] == f"https://{dotenv['FRP_PUBLIC_HOST']}"
     # The CA file is mounted in the web container.
     assert env["FRP_FEDERATION_CA_FILE"] in {c["target"] for c in web["configs"]}
+
+
+def _environment(svc: dict) -> dict:
+    env = svc.get("environment", {})
+    return env if isinstance(env, dict) else dict(e.split("=", 1) for e in env)
+
+
+def test_tls_on_every_link_no_plain_callback_or_store(resolved):
+    """Issue 13, TLS on every link: callbacks over https (through the proxy, verified with the
+    platform CA), every site's MinIO serving TLS, store URLs s3s:// with ?ca=."""
+    text = (ROOT / "docker-compose.yml").read_text()
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    assert "FRP_CALLBACK_ALLOW_HTTP" not in code
+    assert not re.search(r"s3://", code), "a plain s3:// store URL"
+    services = resolved["services"]
+    for name, svc in services.items():
+        url = _environment(svc).get("FRP_CALLBACK_BASE_URL")
+        if url is not None:
+            assert url.startswith("https://"), (name, url)
+    callback = _environment(services["web"])["FRP_CALLBACK_BASE_URL"]
+    host = callback.removeprefix("https://").split("/")[0]
+    # The superlink reaches that name on the compose network: the proxy answers it.
+    assert host in services["proxy"]["networks"]["default"]["aliases"]
+    superlink = services["superlink"]
+    ca = _environment(superlink)["FRP_CALLBACK_CA_FILE"]
+    assert ca in {c["target"] for c in superlink["configs"]}
+    for site in SITES:
+        minio = services[f"minio-{site}"]
+        entry = minio["entrypoint"][-1]
+        certs_dir = re.search(r"minio server /data --certs-dir (\S+)", entry)[1]
+        targets = {c["target"] for c in minio["configs"]} | {s["target"] for s in minio["secrets"]}
+        assert {f"{certs_dir}/public.crt", f"{certs_dir}/private.key"} <= targets
+        for name in (f"minio-init-{site}", f"supernode-{site}"):
+            svc = services[name]
+            mounted = {c["target"] for c in svc["configs"]}
+            urls = re.findall(r"s3s?://[^\s'\"]+", " ".join(svc["command"]))
+            assert urls, name
+            for url in urls:
+                assert url.startswith(f"s3s://minio-{site}:9000/{site}?ca="), (name, url)
+                assert url.split("?ca=", 1)[1] in mounted, (name, url)
