@@ -192,3 +192,17 @@ def test_tls_on_every_link_no_plain_callback_or_store(resolved):
             for url in urls:
                 assert url.startswith(f"s3s://minio-{site}:9000/{site}?ca="), (name, url)
                 assert url.split("?ca=", 1)[1] in mounted, (name, url)
+
+
+def test_embedded_scripts_parse(resolved):
+    """After interpolation: every ``python -c`` one-liner compiles, every ``sh -c`` passes ``sh -n``."""
+    for name, svc in resolved["services"].items():
+        for key in ("command", "entrypoint"):
+            cmd = svc.get(key)
+            if not isinstance(cmd, list) or len(cmd) < 3 or cmd[1] != "-c":
+                continue
+            if cmd[0] == "python":
+                compile(cmd[2], f"{name}.{key}", "exec")
+            elif cmd[0] == "sh":
+                proc = subprocess.run(["sh", "-n", "-c", cmd[2]], capture_output=True, text=True)
+                assert proc.returncode == 0, (name, proc.stderr)
