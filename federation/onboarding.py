@@ -110,13 +110,15 @@ replaces it). Everything else here is public.
 
 1. Install the site package (Python 3.11, no Django needed):
        python3.11 -m venv /opt/frp-site && /opt/frp-site/bin/pip install frp_site-*.whl
-2. Unpack this kit in a folder only the site's service account can read (mode 0700), then check it:
-       frp-site --kit DIR doctor
-   `doctor` checks the certificates, that the SuperLink ({address}) and the portal answer over TLS,
-   and the permissions of your keys.
-3. Make your SuperNode key pair and send the portal the public key (only the public key leaves):
+2. Unpack this kit in a folder only the site's service account can read (mode 0700). Make your
+   SuperNode key pair and your data's key-encryption key, and send the portal the public key (only
+   the public key leaves):
        frp-site --kit DIR enroll
    The portal registers it with the SuperLink; a SuperNode with any other key is refused.
+3. Check the host:
+       frp-site --kit DIR doctor
+   `doctor` checks the certificates, that the SuperLink ({address}) and the portal answer over TLS,
+   and the permissions of your keys (before `enroll` it says only "not enrolled yet").
 4. Start your SuperNode (keep it running, e.g. as a systemd service):
        frp-site --kit DIR supernode
 5. Register a dataset: it is encrypted here with your site's key; the portal receives only its

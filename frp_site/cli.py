@@ -3,11 +3,12 @@
 Every command reads the unpacked site kit (``--kit DIR``, default ``$FRP_SITE_KIT`` or the current
 folder; ``frp_site.config``):
 
+- ``enroll`` (first) makes the SuperNode key pair (once) and the site's key-encryption key (once)
+  here, and sends the portal only the public key; the portal registers it with the SuperLink.
 - ``doctor`` checks the kit's files and their modes, the CA certificate, the SuperNode key, the
   keyring, that the SuperLink answers TLS with a certificate the CA signed for its address, and
   that the portal answers over HTTPS and accepts the site's credential. Exit 1 if a check fails.
-- ``enroll`` makes the SuperNode key pair (once) and the site's key-encryption key (once) here,
-  and sends the portal only the public key; the portal registers it with the SuperLink.
+  Before ``enroll`` it reports one failure, "not enrolled yet: run `frp-site enroll`".
 - ``supernode`` runs the SuperNode (``flower-supernode``: TLS with the kit's CA, authenticated
   by the site's key, the node config naming this site's store and keyring); ``--print`` shows the
   command line instead.
@@ -125,7 +126,18 @@ def doctor(cfg: site_config.SiteConfig, *, allow_http: bool, out) -> int:
         answer = PortalClient(cfg, allow_http=allow_http).status()
         return f"portal {cfg.portal_url} accepts site {answer['site']}; SuperNode {answer['supernode']['state']}"
 
-    checks = [ca, credential, key, keyring, store, link, portal]
+    def enrolled():
+        raise CommandError(
+            "not enrolled yet: run `frp-site enroll` (it makes the SuperNode key pair and the "
+            "key-encryption key here)"
+        )
+
+    from sandbox.keyring import SiteKeyring
+
+    fresh = not cfg.supernode_key.exists() and not SiteKeyring(cfg.keyring_dir).exists(cfg.site)
+    # A kit not enrolled yet fails once, with what to do; a half-done enrolment names its gap.
+    keys = [enrolled] if fresh else [key, keyring]
+    checks = [ca, credential, *keys, store, link, portal]
     failed = 0
     for check in checks:
         try:

@@ -5,7 +5,8 @@
 The wheel holds no Django and nothing of the portal: ``frp_site`` (the ``frp-site`` tool), the
 Flower App ``frp_flwr`` (the ClientApp a SuperNode runs) and the sandbox's site-side modules
 (``SITE_MODULES``: crypto, keyring, storage, ingest, loader, profile, csvformat, arrowcsv). Its
-dependencies are the ClientApp's and the site tool's (``DEPENDENCIES``). The files are copied into
+dependencies are the ClientApp's and the site tool's (``DEPENDENCIES``): every requirement of the
+Flower App's ``pyproject.toml``, with its bounds (``tests/frp_site/test_wheel_dependencies.py``). The files are copied into
 a staging folder with a ``pyproject.toml`` of their own and built by setuptools (``pip wheel``,
 which fetches setuptools and wheel into an isolated build environment). ``tests/frp_site/test_wheel.py`` checks that
 every module of the wheel imports without Django. Prints the wheel's path.
@@ -39,6 +40,8 @@ DEPENDENCIES = (
     "minio>=7.2,<8",
     "urllib3>=1.26,<3",
     "certifi",
+    # Gradient-boosted trees (frp_flwr.trees): the same pin as federation/flwr_app/pyproject.toml.
+    "xgboost-cpu==3.2.0",
 )
 
 

@@ -73,7 +73,7 @@ def test_supernodes_use_tls_node_auth_and_real_flags(compose):
         (node_config,) = [a.split("=", 1)[1] for a in cmd if a.startswith("--node-config=")]
         parsed = parse_config_args([node_config])
         assert parsed["site"] == site and parsed["keyring"] == "/keys"
-        assert parsed["store"] == f"s3://minio-{site}:9000/{site}"
+        assert parsed["store"] == f"s3s://minio-{site}:9000/{site}?ca=/certs/store-ca.crt"
 
 
 def test_superlink_uses_tls_and_node_auth_with_real_flags(compose):
@@ -108,3 +108,123 @@ def test_every_variable_listed_in_env_example():
     used = set(re.findall(r"\$\{([A-Z0-9_]+)", code))
     listed = set(re.findall(r"^#?\s*([A-Z0-9_]+)=", (ROOT / ".env.example").read_text(), re.M))
     assert used <= listed, used - listed
+
+
+_VAR = re.compile(r"\$\{([A-Z0-9_]+)(?::?-([^${}]*))?\}")
+
+
+def _env_example() -> dict[str, str]:
+    """The uncommented ``KEY=VALUE`` lines of .env.example: the documented values of a .env."""
+    text = (ROOT / ".env.example").read_text()
+    return dict(re.findall(r"^([A-Z0-9_]+)=(.*)$", text, re.M))
+
+
+def _interpolate(text: str, env: dict[str, str]) -> str:
+    """Compose's interpolation of ``${VAR}``, ``${VAR:-default}`` (nested) and ``$$``."""
+    text = text.replace("$$", "\0")
+    while True:
+        new = _VAR.sub(lambda m: env.get(m[1]) or (m[2] or ""), text)
+        if new == text:
+            return new.replace("\0", "$")
+        text = new
+
+
+@pytest.fixture(scope="module")
+def resolved() -> dict:
+    """docker-compose.yml as Compose sees it with .env.example's values as the .env."""
+    return yaml.safe_load(_interpolate((ROOT / "docker-compose.yml").read_text(), _env_example()))
+
+
+def test_web_has_every_setting_a_site_kit_needs(resolved):
+    # Every setting federation/onboarding.py reads to make a kit; FRP_PORTAL_CA_FILE is optional
+    # (only when another CA than the platform's signed the portal's HTTPS certificate).
+    source = (ROOT / "federation" / "onboarding.py").read_text()
+    needed = set(re.findall(r"settings\.(FRP_[A-Z0-9_]+)", source)) - {"FRP_PORTAL_CA_FILE"}
+    assert {"FRP_SUPERLINK_PUBLIC_ADDRESS", "FRP_PORTAL_URL", "FRP_FEDERATION_CA_FILE"} <= needed
+    web = resolved["services"]["web"]
+    env = web["environment"]
+    assert needed <= set(env), needed - set(env)
+    dotenv = _env_example()
+    # The address sites dial: a host name (not the compose-internal one) and the published port.
+    host, port = env["FRP_SUPERLINK_PUBLIC_ADDRESS"].rsplit(":", 1)
+    assert host and host != "superlink" and port == dotenv["FRP_SUPERLINK_PORT"]
+    # The site tool refuses plain HTTP: the portal's public HTTPS URL, never http://web:8000.
+    assert env["FRP_PORTAL_URL"] == f"https://{dotenv['FRP_PUBLIC_HOST']}"
+    # The CA file is mounted in the web container.
+    assert env["FRP_FEDERATION_CA_FILE"] in {c["target"] for c in web["configs"]}
+
+
+def _environment(svc: dict) -> dict:
+    env = svc.get("environment", {})
+    return env if isinstance(env, dict) else dict(e.split("=", 1) for e in env)
+
+
+def test_tls_on_every_link_no_plain_callback_or_store(resolved):
+    """Issue 13, TLS on every link: callbacks over https (through the proxy, verified with the
+    platform CA), every site's MinIO serving TLS, store URLs s3s:// with ?ca=."""
+    text = (ROOT / "docker-compose.yml").read_text()
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    assert "FRP_CALLBACK_ALLOW_HTTP" not in code
+    assert not re.search(r"s3://", code), "a plain s3:// store URL"
+    services = resolved["services"]
+    for name, svc in services.items():
+        url = _environment(svc).get("FRP_CALLBACK_BASE_URL")
+        if url is not None:
+            assert url.startswith("https://"), (name, url)
+    callback = _environment(services["web"])["FRP_CALLBACK_BASE_URL"]
+    host = callback.removeprefix("https://").split("/")[0]
+    # The superlink reaches that name on the compose network: the proxy answers it.
+    assert host in services["proxy"]["networks"]["default"]["aliases"]
+    superlink = services["superlink"]
+    ca = _environment(superlink)["FRP_CALLBACK_CA_FILE"]
+    assert ca in {c["target"] for c in superlink["configs"]}
+    for site in SITES:
+        minio = services[f"minio-{site}"]
+        entry = minio["entrypoint"][-1]
+        certs_dir = re.search(r"minio server /data --certs-dir (\S+)", entry)[1]
+        targets = {c["target"] for c in minio["configs"]} | {s["target"] for s in minio["secrets"]}
+        assert {f"{certs_dir}/public.crt", f"{certs_dir}/private.key"} <= targets
+        for name in (f"minio-init-{site}", f"supernode-{site}"):
+            svc = services[name]
+            mounted = {c["target"] for c in svc["configs"]}
+            urls = re.findall(r"s3s?://[^\s'\"]+", " ".join(svc["command"]))
+            assert urls, name
+            for url in urls:
+                assert url.startswith(f"s3s://minio-{site}:9000/{site}?ca="), (name, url)
+                assert url.split("?ca=", 1)[1] in mounted, (name, url)
+
+
+def test_embedded_scripts_parse(resolved):
+    """After interpolation: every ``python -c`` one-liner compiles, every ``sh -c`` passes ``sh -n``."""
+    for name, svc in resolved["services"].items():
+        for key in ("command", "entrypoint"):
+            cmd = svc.get(key)
+            if not isinstance(cmd, list) or len(cmd) < 3 or cmd[1] != "-c":
+                continue
+            if cmd[0] == "python":
+                compile(cmd[2], f"{name}.{key}", "exec")
+            elif cmd[0] == "sh":
+                proc = subprocess.run(["sh", "-n", "-c", cmd[2]], capture_output=True, text=True)
+                assert proc.returncode == 0, (name, proc.stderr)
+
+
+def test_deployment_doc_matches_the_file(compose):
+    """docs/deployment.md names every profile and service, the kit steps and the certs script,
+    and says that no container engine ran the stack."""
+    doc = (ROOT / "docs" / "deployment.md").read_text()
+    profiles = {p for svc in compose["services"].values() for p in svc["profiles"]}
+    for profile in profiles:
+        assert f"`{profile}`" in doc, profile
+    for name in compose["services"]:
+        generic = re.sub(r"hospital-[a-z]$", "<site>", name)
+        assert f"`{name}`" in doc or f"`{generic}`" in doc, name
+    for step in (
+        "frp-site enroll",
+        "frp-site doctor",
+        "frp-site ingest",
+        "scripts/compose_certs.py",
+    ):
+        assert step in doc, step
+    assert doc.index("frp-site enroll") < doc.index("frp-site doctor")
+    assert "No container engine was available" in doc
+    assert "ssh-keygen" not in doc and "FRP_CALLBACK_ALLOW_HTTP=True" not in doc

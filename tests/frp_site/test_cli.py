@@ -81,9 +81,39 @@ def test_ingest_then_key_rotate_through_the_portal(kit, tmp_path):
 def test_doctor_names_what_fails(kit):
     code, out = _run(kit, "doctor")
     assert code == 1
-    assert "FAIL  no SuperNode key" in out  # not enrolled yet
-    assert "FAIL  127.0.0.1:9 does not answer TLS" in out
+    # A fresh kit: one clear failure for "not enrolled", not one per missing key.
+    fails = [line for line in out.splitlines() if line.startswith("FAIL")]
+    assert fails == [
+        "FAIL  not enrolled yet: run `frp-site enroll` (it makes the SuperNode key pair and the "
+        "key-encryption key here)",
+        fails[1],
+    ], out
+    assert fails[1].startswith("FAIL  127.0.0.1:9 does not answer TLS"), out
     assert "ok    portal" in out and "accepts site hospital-t" in out
+    assert "4 of 6 checks passed" in out
+
+
+def test_doctor_after_a_partial_enrolment_names_the_missing_key(kit):
+    from frp_site import nodekey
+
+    nodekey.key_pair_create(kit / "supernode.key", comment=SITE)  # the KEK is still missing
+    code, out = _run(kit, "doctor")
+    assert code == 1
+    assert "ok    SuperNode key" in out
+    assert "FAIL  no key-encryption key in" in out and "not enrolled" not in out, out
+
+
+def test_documented_order_enrolls_before_doctor():
+    """The kit's README and the repository's walkthrough run `enroll` before `doctor`."""
+    from pathlib import Path
+
+    from federation import onboarding
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    walkthrough = readme[readme.index("### Walkthrough for an institution") :]
+    for text in (onboarding._README, walkthrough):
+        assert text.index("frp-site") >= 0
+        assert text.index(" enroll") < text.index(" doctor"), text[:400]
 
 
 def test_plain_http_portal_refused_without_the_development_flag(kit):

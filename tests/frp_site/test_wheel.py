@@ -1,8 +1,8 @@
 """The site package: built as a wheel, installed in a fresh venv without Django, joins a real job.
 
 The wheel (``scripts/build_site_wheel.py``) goes into a new virtual environment that has no Django.
-There, with a kit downloaded from the portal, the site tool (``frp-site``) checks its host
-(``doctor``), makes its key pair and sends only the public key (``enroll``), encrypts a CSV with
+There, with a kit downloaded from the portal, the site tool (``frp-site``) makes its key
+pair and sends only the public key (``enroll``), checks its host (``doctor``), encrypts a CSV with
 its own key and registers only its metadata (``ingest``), and runs its SuperNode (``supernode``,
 TLS and node authentication). The portal (test database, live server behind a TLS front, a real
 Celery worker) runs a real job on that site and two local ones; it completes, and the wheel's site

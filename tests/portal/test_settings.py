@@ -133,8 +133,7 @@ def test_check_deploy_reports_only_what_the_shipped_proxy_covers(tmp_path):
         "FRP_CALLBACK_KEY": secrets.token_hex(32),
         "FRP_FIELD_KEYS": Fernet.generate_key().decode(),
         "EMAIL_URL": "smtp://mailpit:1025",
-        "FRP_CALLBACK_BASE_URL": "http://web:8000",  # the stack's own network, as in compose
-        "FRP_CALLBACK_ALLOW_HTTP": "True",
+        "FRP_CALLBACK_BASE_URL": "https://portal.example.org",  # through the proxy, as in compose
     }
     clean = {
         k: v
