@@ -375,3 +375,39 @@ def test_a_run_killed_between_two_train_messages_resumes_with_every_round_once(
     (ca,), (cb,) = whole.of("contribution"), resumed.of("contribution")
     for rnd, by_coalition in ca.utilities.items():
         assert by_coalition == pytest.approx(cb.utilities[rnd], abs=1e-12)
+
+
+def test_a_failed_training_after_its_evaluation_passes_the_clipping_mod_as_it_is():
+    """Client-side DP: Flower's ``fixedclipping_mod`` wants one ArrayRecord in the reply; a fused
+    reply whose training failed has none, and goes back with its evaluation and reason."""
+    from flwr.app import MetricRecord
+
+    from frp_flwr import privacy
+
+    sent = Message(
+        RecordDict(
+            {
+                "arrays": ArrayRecord([np.zeros(3)]),
+                "config": ConfigRecord({"clipping_norm": 1.0, "evaluate-incoming": True}),
+            }
+        ),
+        dst_node_id=5,
+        message_type="train",
+    )
+
+    def handler(msg, ctx):
+        return Message(
+            RecordDict(
+                {
+                    "evaluation": MetricRecord({"num-examples": 4, "eval-loss": 0.5}),
+                    "train-error": ConfigRecord({"error": "the site's disk is full"}),
+                }
+            ),
+            reply_to=msg,
+        )
+
+    reply = privacy.clip_mod(sent, None, handler)
+
+    assert not reply.has_error()
+    assert reply.content["train-error"]["error"] == "the site's disk is full"
+    assert reply.content["evaluation"]["eval-loss"] == 0.5

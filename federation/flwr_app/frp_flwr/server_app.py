@@ -1608,8 +1608,9 @@ def _fused_round(run: _Run, rnd: int) -> None:
             for s, e in pending.sites_out.items()
             if s in run.active and e.get("ok") is not True
         }
+    before = ConfigRecord({**dict(run.config.items()), "server-round": rnd - 1, "final": False})
     plan = {
-        n: (MessageType.EVALUATE, run.config, {})
+        n: (MessageType.EVALUATE, before, {})
         if n in failed_before
         else (MessageType.TRAIN, fused, {})
         for n in run.active.values()
