@@ -14,7 +14,10 @@ Flow of one run (one portal job):
    FedProx, FedAdam, FedYogi, FedAdagrad, FedMedian, FedTrimmedAvg, Krum), with Flower's own
    aggregation, over the job's nodes only (other jobs'
    sites on the same SuperLink are never sampled). Each round: train, then federated evaluation on
-   each site's held-out split. Replies are attributed through ``reply_to_message_id`` → the node the
+   each site's held-out split — fused (issue 12, ADR 0030): the train message of round r > 1
+   carries round r − 1's global model, which each site evaluates before it trains, and one closing
+   evaluate message scores the final model; round r's event is posted when its evaluation is in.
+   Replies are attributed through ``reply_to_message_id`` → the node the
    message was sent to (SuperLink errors come from node 1). A site that errs, times out or sends a
    reply that does not fit the contract (``frp_flwr.contract``: types, ranges, finite numbers, the
    global model's shapes) is dropped; fewer than ``min_sites`` replies fail the run.
@@ -24,6 +27,7 @@ Flow of one run (one portal job):
    strategy then steps from that weighted mean (``strategies.aggregate_mean``: FedAvg, FedProx,
    FedOpt's pseudo-gradient); strategies that need each update are refused by the contract.
    Its round checkpoints hold the global model and the strategy's state, no per-site history.
+   Its rounds are not fused: a train and an evaluate message each (``_unfused_round`` says why).
 3. **Reporting** — after every round a signed callback to the portal with the aggregate and per-site
    metrics (including each site's metering: CPU and wall seconds, bytes received and sent); the
    portal may answer with sites to drop (revoked grants). At the end a ``finished`` callback with
@@ -32,9 +36,11 @@ Flow of one run (one portal job):
    key (``frp_flwr.signing``, ADR 0014), which no SuperNode ever sees. The run's own status stays
    with the SuperLink.
 4. **Contribution** (ADR 0010) — the app keeps, in memory, every round's starting global weights and
-   each site's returned weights. After ``finished`` it rebuilds coalition models without retraining
-   (``task.coalition_run_model``; per round too within a model budget), sends them all to every remaining
-   site in ONE ``evaluate.coalitions`` message, and posts a ``contribution`` event with
+   each site's returned weights. After the last round it rebuilds coalition models without
+   retraining (``task.coalition_run_model``; per round too within a model budget), sends them all
+   to every site in the closing evaluate message (beside the final model; scores of the sites
+   still in after the last round's drops are used), and after ``finished`` posts a
+   ``contribution`` event with
    utility(S) = the median over the sites of S's model's held-out accuracy (ADR 0024). The portal computes the
    Shapley values. A failure here is reported in the event and does not fail the run.
 
