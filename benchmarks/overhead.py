@@ -510,6 +510,16 @@ def raw_run_config(world: World, rounds: int, args: argparse.Namespace) -> dict:
     return config
 
 
+def _toml_value(value) -> str:
+    """``value`` as a TOML value for ``flwr run -c`` (the serialisation the portal's CLI launch
+    used; the portal now submits through the Control API in-process, ADR 0018)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+
+
 def run_flower(world: World, rounds: int, args: argparse.Namespace) -> RunResult:
     """The raw arm on the second federation, which runs on Flower's defaults."""
     return run_raw(world, rounds, args, home=world.flower_home, arm="flower")
@@ -525,7 +535,6 @@ def run_raw(
 ) -> RunResult:
     """``flwr run`` the Flower App with the job's run config; poll ``flwr ls`` until it finishes
     (on the portal's federation, or the one ``home`` names)."""
-    from federation.superlink import _toml_value  # the serialisation the portal uses
 
     config = raw_run_config(world, rounds, args)
     toml = world.tmp / "raw-run-config.toml"

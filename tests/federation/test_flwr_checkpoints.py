@@ -157,16 +157,20 @@ def test_a_run_killed_after_round_2_resumes_to_the_uninterrupted_result(tmp_path
 
     store = FilesystemStore(tmp_path / "crashed")
     real_round = server_app._round
+    crashed = Portal({s: SiteLimits(rows=n, cores=1) for s, n in ROWS.items()})
 
-    def killed_in_round_3(run, rnd):
-        if rnd == 3:
+    def killed_in_round_4(run, rnd):
+        # fused rounds (ADR 0030): round 2 is posted and checkpointed when round 3's train
+        # replies (which evaluate it) are in; killed before round 4's, round 3 is trained only
+        if rnd == 4:
             raise SystemExit("SIGKILL")  # nothing is posted, as when the process is killed
         real_round(run, rnd)
 
-    monkeypatch.setattr(server_app, "_round", killed_in_round_3)
+    monkeypatch.setattr(server_app, "_round", killed_in_round_4)
     with pytest.raises(SystemExit):
-        _run(cfg, store)
+        server_app.run_job(NodeGrid(_honest(), cfg.to_flower()), cfg, crashed, store=store)
     assert checkpoints.latest_round(store, 9) == 2
+    assert [e.round for e in crashed.of("round")] == [1, 2]
     monkeypatch.setattr(server_app, "_round", real_round)
 
     resumed = _run(RunConfig(**{**cfg.__dict__, "resume_round": 2}), store)

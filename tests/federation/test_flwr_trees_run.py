@@ -77,20 +77,20 @@ def test_a_trees_run_killed_after_round_2_resumes_with_fedxgbbagging_and_its_boo
     whole = _stored_run(cfg, FilesystemStore(tmp_path / "whole"))
 
     store = FilesystemStore(tmp_path / "crashed")
-    real_round = server_app._round
+    real_close = server_app._close
 
-    def killed_in_round_3(run, rnd):
-        if rnd == 3:
-            raise SystemExit("SIGKILL")  # nothing is posted, as when the process is killed
-        real_round(run, rnd)
+    def killed_before_the_closing_evaluation(run):
+        # fused rounds (ADR 0030): round 2 is checkpointed when round 3's train replies (which
+        # evaluate it) are in; round 3 is trained, its evaluation never comes
+        raise SystemExit("SIGKILL")  # nothing is posted, as when the process is killed
 
-    monkeypatch.setattr(server_app, "_round", killed_in_round_3)
+    monkeypatch.setattr(server_app, "_close", killed_before_the_closing_evaluation)
     with pytest.raises(SystemExit):
         _stored_run(cfg, store)
     assert checkpoints.latest_round(store, 11) == 2
     saved = checkpoints.load(store, 11, 2)
     assert trees.tree_count(saved.weights[0].tobytes()) == 2 * len(ROWS) * LOCAL
-    monkeypatch.setattr(server_app, "_round", real_round)
+    monkeypatch.setattr(server_app, "_close", real_close)
 
     seen = {}
     real = trees.aggregate

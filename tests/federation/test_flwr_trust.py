@@ -111,6 +111,9 @@ class Node:
             reply = self.tamper(msg, reply)
         if msg.metadata.message_type == "evaluate.coalitions" and not reply.has_error():
             self.coalition_accuracy = list(reply.content["metrics"]["coalition-accuracy"])
+        if not reply.has_error() and "coalitions" in reply.content:
+            # a fused run's closing evaluate message scores them too (ADR 0030)
+            self.coalition_accuracy = list(reply.content["coalitions"]["coalition-accuracy"])
         return reply
 
 
@@ -346,6 +349,10 @@ def test_coalition_utilities_are_the_median_of_the_evaluating_sites():
     def tamper(msg, reply):
         if msg.metadata.message_type == "evaluate.coalitions":
             return self_serving(msg, reply)
+        if "models" in msg.content:  # a fused run's closing message (ADR 0030)
+            keys = list(msg.content["config"]["coalition-keys"])
+            forged = [1.0 if str(c) in key.split("|", 1)[1].split(",") else 0.0 for key in keys]
+            return _metrics_tamper("coalitions", **{"coalition-accuracy": forged})(msg, reply)
         return reply
 
     nodes[103].tamper = tamper
@@ -431,7 +438,9 @@ def test_replies_that_fit_alone_but_overflow_the_sum_drop_only_that_site():
     contract) summed past its limit in the ServerApp's own check, and the run failed for all
     three sites. Without limits from the portal (none answered), the site is dropped as faulty."""
     nodes = _honest()
-    nodes[103].tamper = _metrics_tamper(**{"cpu-seconds": 1e9 - 1})
+    train_metrics = _metrics_tamper(**{"cpu-seconds": 1e9 - 1})
+    evaluation = _metrics_tamper("evaluation", **{"cpu-seconds": 1e9 - 1})  # fused (ADR 0030)
+    nodes[103].tamper = lambda msg, reply: evaluation(msg, train_metrics(msg, reply))
 
     portal = _run(nodes, limits={})
 

@@ -193,10 +193,12 @@ def test_usage_recorded_per_site_from_real_metering(outcome):
     contribution = job.final_metrics["contribution"]
     for u in outcome.usage:
         assert u.rounds == 2 and u.cpu_seconds > 0 and u.wall_seconds >= u.cpu_seconds * 0.5
-        # Every round: the global model in (train and evaluate), the site's weights out (train).
+        # Every round: the global model in, the site's weights out (train); fused rounds (ADR
+        # 0030) bring the model in once per round, and once more for the closing evaluation.
         per_round = outcome.site_bytes[u.site.slug]
         assert len(per_round) == 2
-        assert all(r > 0 and 0 < s < r for r, s in per_round), per_round
+        assert all(r > 0 and 0 < s <= r for r, s in per_round), per_round
+        assert per_round[-1][1] < per_round[-1][0]  # the last round: train and closing evaluate
         extra = contribution["sites"][u.site.slug]
         assert u.bytes_received == sum(r for r, _ in per_round) + extra["bytes_received"]
         assert extra["bytes_received"] > per_round[0][1]  # all coalition models in one message
@@ -269,21 +271,21 @@ def test_canary_never_leaves_the_site(outcome, flower_job_world):
     (log,) = w.reply_log_dir.glob(f"job-{outcome.job.pk}-replies.jsonl")
     replies = [json.loads(line) for line in log.read_text().splitlines()]
     kinds = {r["message_type"] for r in replies}
-    assert {"query", "train", "evaluate", "evaluate.coalitions"} <= kinds, kinds
-    # It is complete: one discovery reply per SuperNode, then a train and an evaluate reply per
-    # site and round (2 sites, 2 rounds), then one coalition evaluation per site — so "absent
-    # from the log" means "never received".
+    assert {"query", "train", "evaluate"} <= kinds, kinds
+    # It is complete: one discovery reply per SuperNode, then a train reply per site and round
+    # (2 sites, 2 rounds; round 2's also evaluates round 1's model), then one closing evaluation
+    # per site with the coalition models' scores (fused rounds, ADR 0030) — so "absent from the
+    # log" means "never received".
     assert Counter(r["message_type"] for r in replies) == {
         "query": 2,
         "query.quantiles": 2,  # the preparation: quantiles for the median fills,
         "query.design": 2,  # and the prepared matrix's statistics
         "train": 4,
-        "evaluate": 4,
-        "evaluate.coalitions": 2,
+        "evaluate": 2,
     }
     assert {r["node_id"] for r in replies} == {s.node_id for s in outcome.sites}
-    scored = [r for r in replies if r["message_type"] == "evaluate.coalitions"]
-    assert all(len(r["content"]["metrics"]["coalition-accuracy"]) == 12 for r in scored)
+    scored = [r for r in replies if r["message_type"] == "evaluate"]
+    assert all(len(r["content"]["coalitions"]["coalition-accuracy"]) == 12 for r in scored)
     assert any(r["content"] and "arrays" in r["content"] for r in replies)  # model updates logged
     log_text = log.read_text()
     for canary in (CANARY_TEXT, CANARY_NUMBER):
@@ -353,7 +355,8 @@ def test_no_callback_credential_reaches_a_site(outcome, flower_job_world):
     blobs = _site_bytes(w)
 
     # The capture is complete: each site logged every message it handled (discovery, the two
-    # preparation steps, 2 train, 2 evaluate, 1 coalition evaluation) with the run config and node config it ran under.
+    # preparation steps, 2 train, 1 closing evaluate with the coalition models; ADR 0030) with the
+    # run config and node config it ran under.
     for version in w.versions:
         site = version.dataset.site.slug
         lines = (w.received_log_dir / f"{site}.jsonl").read_text().splitlines()
@@ -363,8 +366,7 @@ def test_no_callback_credential_reaches_a_site(outcome, flower_job_world):
             "query.quantiles": 1,
             "query.design": 1,
             "train": 2,
-            "evaluate": 2,
-            "evaluate.coalitions": 1,
+            "evaluate": 1,
         }, site
         assert all(e["run_id"] == int(job.flower_run_id) for e in entries)
         assert set(entries[0]["run_config"]) == set(contract.RunConfig.keys())

@@ -7,7 +7,9 @@ Handlers (Flower Message API):
 - ``query.quantiles`` / ``query.design`` — the federated preprocessing's next steps
   (``frp_flwr.preprocess``): cumulative counts for a median; the prepared matrix's column
   statistics for standardisation and what was done to the rows (dropped, imputed).
-- ``train``  — prepare the rows with the job's fitted rules (missing values, one-hot categories,
+- ``train``  — (fused rounds, ADR 0030: when the config says ``evaluate-incoming``, first score the
+  received global model — the previous round's — on the held-out split, as ``evaluate`` does) then
+  prepare the rows with the job's fitted rules (missing values, one-hot categories,
   federated standardisation), run local SGD of the job's model (``frp_flwr.models``: linear or
   MLP, with FedProx's proximal term when the strategy asks), reply with the new
   weights and metered usage (examples, loss, CPU seconds, wall seconds, bytes received and sent).
@@ -16,7 +18,9 @@ Handlers (Flower Message API):
   In a secure-aggregation job the same handler runs inside SecAgg+'s mod (``frp_flwr.secagg``):
   its weights leave the site only as a masked delta; its metrics are sent in clear.
 - ``evaluate`` — loss and accuracy of the global model on the site's held-out split; after the last
-  round also the aggregates of the final metrics (``frp_flwr.metrics``).
+  round also the aggregates of the final metrics (``frp_flwr.metrics``). A fused run sends it once,
+  after the last round, with the coalition models beside the final model (scored as
+  ``evaluate.coalitions`` does, in the same message).
 - ``evaluate.coalitions`` — after the last round: loss and accuracy of K coalition models (sent
   stacked in one message) on the held-out split, for the portal's Shapley values. Only aggregate
   metrics per coalition leave the site.
@@ -46,6 +50,11 @@ from flwr.common.serde import array_record_to_proto
 
 from frp_flwr import trees
 from frp_flwr.contract import (
+    COALITION_ERROR_RECORD,
+    COALITIONS_RECORD,
+    EVALUATE_INCOMING,
+    EVALUATION_RECORD,
+    TRAIN_ERROR_RECORD,
     CoalitionReply,
     EvaluateReply,
     RunConfig,
@@ -210,7 +219,39 @@ def query_design(msg: Message, context: Context) -> Message:
 @_guard
 def train(msg: Message, context: Context) -> Message:
     """Local SGD of the job's model (``frp_flwr.models``) from the global weights, with the
-    strategy's local settings (FedProx's μ, FedOpt's η_l); reply with weights and metered usage."""
+    strategy's local settings (FedProx's μ, FedOpt's η_l); reply with weights and metered usage.
+
+    Fused rounds (issue 12, ADR 0030): when the config says ``evaluate-incoming``, the received
+    global model (the previous round's) is first scored on the held-out split, as the evaluate
+    handler would, and the reply carries that too (record ``evaluation``, an ``EvaluateReply``
+    whose ``bytes-received`` is 0: the model's bytes are metered once, on the training). A
+    training that fails after the evaluation replies the evaluation and the reason (record
+    ``train-error``) instead of failing the whole message."""
+    config = msg.content["config"]
+    evaluation = None
+    if bool(config.get(EVALUATE_INCOMING, False)):
+        evaluation = _evaluation(msg, context, bytes_received=0)
+    try:
+        reply = _train(msg, context)
+    except Exception as exc:
+        if evaluation is None:
+            raise
+        text = exc.args[0] if isinstance(exc, SiteDataError) and exc.args else None
+        reason = sanitise(str(text) if text else f"{type(exc).__name__}: {exc}")
+        return _reply(
+            msg,
+            **{
+                EVALUATION_RECORD: MetricRecord(evaluation.as_record()),
+                TRAIN_ERROR_RECORD: ConfigRecord({"error": reason}),
+            },
+        )
+    if evaluation is not None:
+        reply.content[EVALUATION_RECORD] = MetricRecord(evaluation.as_record())
+    return reply
+
+
+def _train(msg: Message, context: Context) -> Message:
+    """The training of :func:`train` (weights and metered usage)."""
     wall0, cpu0 = time.perf_counter(), time.process_time()
     config = msg.content["config"]
     cfg, fitted, data = _prepared(context, config, "train")
@@ -234,7 +275,7 @@ def train(msg: Message, context: Context) -> Message:
     metrics = TrainReply(
         num_examples=len(data.y),
         train_loss=loss,
-        bytes_received=payload_bytes(msg.content),
+        bytes_received=payload_bytes(RecordDict({"arrays": msg.content["arrays"]})),
         bytes_sent=payload_bytes(RecordDict({"arrays": arrays})),
         cpu_seconds=time.process_time() - cpu0,
         wall_seconds=time.perf_counter() - wall0,
@@ -281,7 +322,28 @@ def _train_trees(msg: Message, cfg, fitted, data, wall0: float, cpu0: float) -> 
 @_guard
 def evaluate(msg: Message, context: Context) -> Message:
     """Loss and accuracy of the received model on this site's held-out split; after the last
-    round (config ``final``) also the aggregates of ``metrics.site_report``."""
+    round (config ``final``) also the aggregates of ``metrics.site_report``.
+
+    The closing message of a fused run (ADR 0030) may carry the coalition models too (ArrayRecord
+    ``models`` and config ``coalition-keys``, as ``evaluate.coalitions``): they are scored after
+    the evaluation and replied as record ``coalitions`` (a ``CoalitionReply``); a failure there
+    is replied as record ``coalition-error`` and leaves the evaluation standing."""
+    evaluation, records = _evaluation(msg, context, report=True)
+    if "models" in msg.content:
+        try:
+            scored = _coalitions(msg, context)
+            records[COALITIONS_RECORD] = MetricRecord(scored.as_record())
+        except Exception as exc:  # contribution is an add-on: the evaluation stands regardless
+            text = exc.args[0] if isinstance(exc, SiteDataError) and exc.args else None
+            reason = sanitise(str(text) if text else f"{type(exc).__name__}: {exc}")
+            records[COALITION_ERROR_RECORD] = ConfigRecord({"error": reason})
+    return _reply(msg, metrics=MetricRecord(evaluation.as_record()), **records)
+
+
+def _evaluation(msg: Message, context: Context, *, report: bool = False, bytes_received=None):
+    """Score ``msg``'s ``arrays`` on the held-out split: the ``EvaluateReply`` (``bytes_received``:
+    the model's protobuf size unless given) and, with ``report`` and config ``final``, the
+    records to reply beside it (``report``: ``metrics.site_report``'s aggregates)."""
     wall0, cpu0 = time.perf_counter(), time.process_time()
     config = msg.content["config"]
     cfg, fitted, data = _prepared(context, config, "test")
@@ -298,9 +360,9 @@ def evaluate(msg: Message, context: Context) -> Message:
         proba = lambda X: predict_proba(model, params, X)  # noqa: E731
         pred = lambda X: predict(model, params, X)  # noqa: E731
     records = {}
-    if bool(config.get("final", False)):
+    if report and bool(config.get("final", False)):
         if fitted.task == "classification":
-            report = site_report(
+            site = site_report(
                 "classification",
                 y=data.y,
                 proba=proba(data.X),
@@ -308,23 +370,27 @@ def evaluate(msg: Message, context: Context) -> Message:
             )
         else:
             scale, shift = fitted.target_std, fitted.target_mean
-            report = site_report(
+            site = site_report(
                 "regression",
                 y=data.y * scale + shift,
                 pred=pred(data.X) * scale + shift,
                 baseline_mean=shift,
             )
-        records["report"] = ConfigRecord(json_record(report))
+        records["report"] = ConfigRecord(json_record(site))
+    if bytes_received is None:
+        bytes_received = payload_bytes(RecordDict({"arrays": msg.content["arrays"]}))
     metrics = EvaluateReply(
         num_examples=len(data.y),
         eval_loss=loss,
         eval_accuracy=acc,
-        bytes_received=payload_bytes(msg.content),
+        bytes_received=bytes_received,
         bytes_sent=0,
         cpu_seconds=time.process_time() - cpu0,
         wall_seconds=time.perf_counter() - wall0,
     )
-    return _reply(msg, metrics=MetricRecord(metrics.as_record()), **records)
+    if report:
+        return metrics, records
+    return metrics
 
 
 @app.evaluate("coalitions")
@@ -336,6 +402,11 @@ def evaluate_coalitions(msg: Message, context: Context) -> Message:
     config's ``coalition-keys``; for regression the loss is the mean squared error in
     standardised target units and the accuracy 0) and the held-out example count, plus metering.
     """
+    return _reply(msg, metrics=MetricRecord(_coalitions(msg, context).as_record()))
+
+
+def _coalitions(msg: Message, context: Context) -> CoalitionReply:
+    """The ``CoalitionReply`` of ``msg``'s stacked ``models`` (:func:`evaluate_coalitions`)."""
     wall0, cpu0 = time.perf_counter(), time.process_time()
     config = msg.content["config"]
     cfg, fitted, data = _prepared(context, config, "test")
@@ -347,13 +418,12 @@ def evaluate_coalitions(msg: Message, context: Context) -> Message:
     scores = [
         loss_and_accuracy(model, params, data.X, data.y, task=fitted.task) for params in models
     ]
-    metrics = CoalitionReply(
+    return CoalitionReply(
         num_examples=len(data.y),
         coalition_loss=[loss for loss, _ in scores],
         coalition_accuracy=[acc for _, acc in scores],
-        bytes_received=payload_bytes(msg.content),
+        bytes_received=payload_bytes(RecordDict({"models": msg.content["models"]})),
         bytes_sent=0,
         cpu_seconds=time.process_time() - cpu0,
         wall_seconds=time.perf_counter() - wall0,
     )
-    return _reply(msg, metrics=MetricRecord(metrics.as_record()))

@@ -11,8 +11,8 @@ sizes — before anyone acts on it:
    dataclass per event (:class:`Started`, :class:`Round`, :class:`Finished`, :class:`Contribution`,
    :class:`Failed`) and the portal's answer :class:`CallbackAnswer`. ``seq`` numbers a run's events
    1, 2, 3 …; the portal accepts each number once and only above the last one it accepted.
-3. **Site replies** (ClientApp → ServerApp metric records): :class:`SiteInfo`, :class:`TrainReply`,
-   :class:`EvaluateReply`, :class:`CoalitionReply`, and the preparation and evaluation records
+3. **Site replies** (ClientApp → ServerApp metric records, shaped as :data:`MESSAGES_VERSION`
+   says): :class:`SiteInfo`, :class:`TrainReply`, :class:`EvaluateReply`, :class:`CoalitionReply`, and the preparation and evaluation records
    sent as JSON (:class:`SiteSummary`, :class:`SiteQuantiles`, :class:`DesignStats`,
    :class:`EvalReport`). A site could send anything,
    so the ServerApp parses each reply and treats one that does not fit as that site's error.
@@ -1320,6 +1320,31 @@ def _floats(value: Any, where: str, *, length: int | None = None, **bounds) -> l
     if length is not None and len(items) != length:
         raise ContractError(f"{where}: {len(items)} values, expected {length}")
     return [read_float(x, f"{where}[{i}]", **bounds) for i, x in enumerate(items)]
+
+
+#: The shape of the ServerApp ↔ ClientApp messages (both ship in one Flower App bundle, so they
+#: change together; the bundle's ``pyproject.toml`` version follows). 2: fused rounds (issue 12,
+#: ADR 0030) — a train message whose config says :data:`EVALUATE_INCOMING` is answered with the
+#: training's ``metrics`` (:class:`TrainReply`) and ``arrays`` and the received model's evaluation
+#: (:data:`EVALUATION_RECORD`, an :class:`EvaluateReply`), or, when the training failed after the
+#: evaluation, the evaluation and :data:`TRAIN_ERROR_RECORD` (``{"error": text}``) without
+#: weights; the closing ``evaluate`` message may carry the coalition models (``models`` and config
+#: ``coalition-keys``, as ``evaluate.coalitions``), answered beside the evaluation's ``metrics`` in
+#: :data:`COALITIONS_RECORD` (a :class:`CoalitionReply`) or :data:`COALITION_ERROR_RECORD`.
+MESSAGES_VERSION = 2
+#: Config key of a train message: evaluate the received global model first (bool).
+EVALUATE_INCOMING = "evaluate-incoming"
+#: Record names of the fused replies (see :data:`MESSAGES_VERSION`).
+EVALUATION_RECORD = "evaluation"
+TRAIN_ERROR_RECORD = "train-error"
+COALITIONS_RECORD = "coalitions"
+COALITION_ERROR_RECORD = "coalition-error"
+
+
+def reply_error(record: Any, where: str) -> str:
+    """The text of a ``{"error": text}`` record (:data:`TRAIN_ERROR_RECORD`,
+    :data:`COALITION_ERROR_RECORD`). Raises ``ContractError``."""
+    return _text(_record(record, where).get("error"), f"{where}.error")
 
 
 class _Reply:

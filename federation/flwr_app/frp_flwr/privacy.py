@@ -35,7 +35,7 @@ from flwr.serverapp.strategy import (
     Strategy,
 )
 
-from frp_flwr.contract import Privacy
+from frp_flwr.contract import TRAIN_ERROR_RECORD, Privacy
 
 #: The config key ``fixedclipping_mod`` reads (``flwr.supercore.differential_privacy``).
 KEY_CLIPPING_NORM = "clipping_norm"
@@ -131,9 +131,11 @@ def clip_mod(msg: Message, context, call_next) -> Message:
     if not any(KEY_CLIPPING_NORM in c for c in configs):
         return call_next(msg, context)
     sent = [record.to_numpy_ndarrays() for record in msg.content.array_records.values()]
+    inner: list[Message] = []
 
     def handler(message: Message, ctx) -> Message:  # a zero update would divide by 0 in Flower
         reply = call_next(message, ctx)
+        inner.append(reply)
         if reply.has_error() or len(sent) != 1:
             return reply
         for name, record in list(reply.content.array_records.items()):
@@ -142,4 +144,9 @@ def clip_mod(msg: Message, context, call_next) -> Message:
                 reply.content[name] = ArrayRecord(layers)
         return reply
 
-    return fixedclipping_mod(msg, context, handler)
+    out = fixedclipping_mod(msg, context, handler)
+    if inner and not inner[0].has_error() and TRAIN_ERROR_RECORD in inner[0].content:
+        # a fused round's training failed after its evaluation (ADR 0030): no update to clip, and
+        # the evaluation and the reason go back as they are (Flower's mod wants weights)
+        return inner[0]
+    return out

@@ -14,7 +14,10 @@ Flow of one run (one portal job):
    FedProx, FedAdam, FedYogi, FedAdagrad, FedMedian, FedTrimmedAvg, Krum), with Flower's own
    aggregation, over the job's nodes only (other jobs'
    sites on the same SuperLink are never sampled). Each round: train, then federated evaluation on
-   each site's held-out split. Replies are attributed through ``reply_to_message_id`` → the node the
+   each site's held-out split — fused (issue 12, ADR 0030): the train message of round r > 1
+   carries round r − 1's global model, which each site evaluates before it trains, and one closing
+   evaluate message scores the final model; round r's event is posted when its evaluation is in.
+   Replies are attributed through ``reply_to_message_id`` → the node the
    message was sent to (SuperLink errors come from node 1). A site that errs, times out or sends a
    reply that does not fit the contract (``frp_flwr.contract``: types, ranges, finite numbers, the
    global model's shapes) is dropped; fewer than ``min_sites`` replies fail the run.
@@ -24,6 +27,7 @@ Flow of one run (one portal job):
    strategy then steps from that weighted mean (``strategies.aggregate_mean``: FedAvg, FedProx,
    FedOpt's pseudo-gradient); strategies that need each update are refused by the contract.
    Its round checkpoints hold the global model and the strategy's state, no per-site history.
+   Its rounds are not fused: a train and an evaluate message each (``_unfused_round`` says why).
 3. **Reporting** — after every round a signed callback to the portal with the aggregate and per-site
    metrics (including each site's metering: CPU and wall seconds, bytes received and sent); the
    portal may answer with sites to drop (revoked grants). At the end a ``finished`` callback with
@@ -32,9 +36,11 @@ Flow of one run (one portal job):
    key (``frp_flwr.signing``, ADR 0014), which no SuperNode ever sees. The run's own status stays
    with the SuperLink.
 4. **Contribution** (ADR 0010) — the app keeps, in memory, every round's starting global weights and
-   each site's returned weights. After ``finished`` it rebuilds coalition models without retraining
-   (``task.coalition_run_model``; per round too within a model budget), sends them all to every remaining
-   site in ONE ``evaluate.coalitions`` message, and posts a ``contribution`` event with
+   each site's returned weights. After the last round it rebuilds coalition models without
+   retraining (``task.coalition_run_model``; per round too within a model budget), sends them all
+   to every site in the closing evaluate message (beside the final model; scores of the sites
+   still in after the last round's drops are used), and after ``finished`` posts a
+   ``contribution`` event with
    utility(S) = the median over the sites of S's model's held-out accuracy (ADR 0024). The portal computes the
    Shapley values. A failure here is reported in the event and does not fail the run.
 
@@ -49,6 +55,7 @@ Polling: ``Grid.send_and_receive`` sleeps 3 s between pulls; this app pushes and
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -68,6 +75,11 @@ from flwr.serverapp import Grid, ServerApp
 from frp_flwr import checkpoints, privacy, trees
 from frp_flwr.coalitions import coalition_key, contribution_plan
 from frp_flwr.contract import (
+    COALITION_ERROR_RECORD,
+    COALITIONS_RECORD,
+    EVALUATE_INCOMING,
+    EVALUATION_RECORD,
+    TRAIN_ERROR_RECORD,
     CallbackAnswer,
     CoalitionReply,
     ContractError,
@@ -95,6 +107,7 @@ from frp_flwr.contract import (
     examples_problem,
     finite_or_none,
     metering_problem,
+    reply_error,
 )
 from frp_flwr.metrics import baseline, pooled_metrics, site_metrics
 from frp_flwr.models import model_for
@@ -467,6 +480,36 @@ def fan_out(
         for n in active.values()
     ]
     result = exchange(grid, msgs, timeout=timeout, poll=poll)
+    return parse_replies(
+        result,
+        message_type=message_type,
+        sent=arrays,
+        node_site=node_site,
+        sites_out=sites_out,
+        reply_type=reply_type,
+        check=check,
+        rnd=rnd,
+        timeout=timeout,
+    )
+
+
+def parse_replies(
+    result: Exchange,
+    *,
+    message_type: str,
+    sent: ArrayRecord,
+    node_site: dict[int, str],
+    sites_out: dict[str, dict],
+    reply_type: type[TrainReply] | type[EvaluateReply],
+    check: ReplyCheck | None = None,
+    rnd: int = 0,
+    timeout: float = 0.0,
+) -> dict[int, tuple[Message, TrainReply | EvaluateReply]]:
+    """The replies of ``result`` that fit: node → (reply, parsed ``reply_type`` metrics), as
+    :func:`fan_out` returns them (its docstring: errors, silences, misfits and out-of-bounds
+    replies mark ``sites_out``; NaN or infinity raises ``NonFinite``). ``sent``: the global
+    model the messages carried (a train reply's weights must have its shapes); ``timeout``: the
+    seconds a silent node was waited for (said in its error)."""
 
     def fail(node: int, error: str) -> None:  # the round's first reason for a site is kept
         entry = sites_out[node_site[node]]
@@ -490,7 +533,7 @@ def fan_out(
             )
         try:
             if message_type == MessageType.TRAIN:
-                _check_shapes(reply.content["arrays"], arrays)
+                _check_shapes(reply.content["arrays"], sent)
             metrics = reply_type.from_record(reply.content["metrics"], "metrics")
         except (ContractError, KeyError) as exc:
             fail(node, sanitise(f"malformed {message_type} reply: {exc}"))
@@ -501,6 +544,14 @@ def fan_out(
             continue
         parsed[node] = (reply, metrics)
     return parsed
+
+
+def _view(reply: Message, **records) -> Message:
+    """``reply`` with only ``records`` as its content (same metadata): one part of a fused reply
+    (ADR 0030) as the single-part reply Flower's strategies and :func:`parse_replies` read."""
+    view = copy.copy(reply)
+    view.content = RecordDict(records)
+    return view
 
 
 #: A loss above this is divergence, not a result (the contract's range for losses).
@@ -582,6 +633,53 @@ def evaluate_contribution(
     ``JobFailed`` when no site replies.
     """
     t0 = time.monotonic()
+    plan = coalition_plan(players, initial, rounds, seed=seed, strategy=strategy)
+    cfg = ConfigRecord({**dict(config.items()), "coalition-keys": plan.keys})
+    msgs = [
+        Message(
+            RecordDict({"models": plan.stacked, "config": cfg}),
+            dst_node_id=n,
+            message_type=f"{MessageType.EVALUATE}.coalitions",
+        )
+        for n in active.values()
+    ]
+    result = exchange(grid, msgs, timeout=timeout, poll=poll)
+    return score_coalitions(
+        plan,
+        result,
+        active=active,
+        timeout=timeout,
+        check=check,
+        task=task,
+        wall_seconds=time.monotonic() - t0,
+    )
+
+
+@dataclass
+class CoalitionPlan:
+    """The coalition models of a contribution evaluation (:func:`coalition_plan`): ``keys``
+    (``"<round>|<coalition key>"``, round ``0`` the whole run) and the models stacked in that
+    order (``stacked``: each layer on axis 0, ``task.stack_models``)."""
+
+    players: list[str]
+    method: str
+    permutations: int
+    seed: int
+    keys: list[str]
+    stacked: ArrayRecord
+
+
+def coalition_plan(
+    players: list[str],
+    initial: list[np.ndarray],
+    rounds: list[RoundLog],
+    *,
+    seed: int = 0,
+    strategy: dict | None = None,
+) -> CoalitionPlan:
+    """The coalitions of :func:`coalitions.contribution_plan` and their models (the whole run,
+    and each round while the message stays within ``MAX_COALITION_MODELS`` models), rebuilt under
+    the job's ``strategy`` (``strategies.coalition_models``): see :func:`evaluate_contribution`."""
     method, coalitions, permutations = contribution_plan(len(players), seed=seed)
     keys: list[str] = []
     models: list[list[np.ndarray]] = []
@@ -599,24 +697,41 @@ def evaluate_contribution(
     by_round.sort(key=lambda km: int(km[0].split("|", 1)[0]))  # round by round, as before
     keys += [k for k, _ in by_round]
     models += [m for _, m in by_round]
-    cfg = ConfigRecord({**dict(config.items()), "coalition-keys": keys})
-    stacked = ArrayRecord(stack_models(models))
-    msgs = [
-        Message(
-            RecordDict({"models": stacked, "config": cfg}),
-            dst_node_id=n,
-            message_type=f"{MessageType.EVALUATE}.coalitions",
-        )
-        for n in active.values()
-    ]
-    result = exchange(grid, msgs, timeout=timeout, poll=poll)
+    return CoalitionPlan(
+        players, method, permutations, seed, keys, ArrayRecord(stack_models(models))
+    )
+
+
+def score_coalitions(
+    plan: CoalitionPlan,
+    result: Exchange,
+    *,
+    active: dict[str, int],
+    timeout: float,
+    check: ReplyCheck | None = None,
+    task: str = "classification",
+    wall_seconds: float = 0.0,
+) -> Contribution:
+    """The ``contribution`` event from the sites' coalition replies in ``result`` (each reply's
+    ``metrics`` a :class:`CoalitionReply`; nodes of ``active`` only): the utilities, disagreement
+    and errors of :func:`evaluate_contribution`. ``wall_seconds``: the evaluation's time, which
+    bounds each site's metering at the portal. Raises ``JobFailed`` when no site scored."""
+    keys = plan.keys
     node_site = {n: s for s, n in active.items()}
-    errors = {node_site[n]: e for n, e in result.errors.items()}
-    errors.update({node_site[n]: f"no reply within {timeout:.0f} s" for n in result.timed_out})
+    errors = {node_site[n]: e for n, e in result.errors.items() if n in node_site}
+    errors.update(
+        {
+            node_site[n]: f"no reply within {timeout:.0f} s"
+            for n in result.timed_out
+            if n in node_site
+        }
+    )
     scores: dict[str, np.ndarray] = {}
     examples: dict[str, int] = {}
     sites: dict[str, Metering] = {}
     for node, reply in result.replies.items():
+        if node not in node_site:
+            continue
         site = node_site[node]
         try:
             m = CoalitionReply.from_record(reply.content["metrics"], "metrics")
@@ -656,10 +771,10 @@ def evaluate_contribution(
         rnd, members = key.split("|")
         utilities.setdefault(rnd, {})[members] = float(value)
     return Contribution(
-        players=players,
-        method=method,
-        permutations=permutations,
-        seed=seed,
+        players=plan.players,
+        method=plan.method,
+        permutations=plan.permutations,
+        seed=plan.seed,
         utility=(
             "median over the evaluating sites of negative held-out RMSE (standardised target)"
             if task == "regression"
@@ -670,7 +785,7 @@ def evaluate_contribution(
         models=len(keys),
         sites=sites,
         errors=errors,
-        wall_seconds=time.monotonic() - t0,
+        wall_seconds=wall_seconds,
         disagreement=disagreement,
     )
 
@@ -906,6 +1021,17 @@ class _Run:
     max_rows: int = 0
     #: the model store checkpoints go to (``None``: none are saved)
     store: Any = None
+    #: a fused run's round trained whose evaluation comes with the next message (ADR 0030)
+    pending: Any = None
+    #: node → (CPU s, wall s) of the evaluation that came in the current fused message
+    fused_metering: dict = field(default_factory=dict)
+    #: the contribution event a fused run's closing message scored (posted after ``finished``)
+    contribution: Contribution | None = None
+
+    @property
+    def fused(self) -> bool:
+        """Rounds are fused (ADR 0030): every job but SecAgg+ (see :func:`_unfused_round`)."""
+        return self.secagg is None
 
     @property
     def task(self) -> str:
@@ -1155,11 +1281,20 @@ def _train_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> dict:
     outcome goes into ``sites_out``; with fewer than ``min_sites`` replies the round is posted
     as partial and ``JobFailed`` raised; a reply or an aggregate with NaN or infinity raises
     ``NonFinite`` naming the round (and the site)."""
-    min_sites = run.cfg.spec.min_sites
+    secure = None
     if run.secagg is not None:
         train, secure = _secure_train(run, rnd, sites_out)
     else:
         train = run.send_model(MessageType.TRAIN, TrainReply, sites_out, rnd, check=run.train_check)
+    return _aggregate_round(run, rnd, sites_out, train, secure)
+
+
+def _aggregate_round(run: _Run, rnd: int, sites_out: dict[str, dict], train: dict, secure=None):
+    """Round step a's second half: ``train`` (node → (reply, :class:`TrainReply`) of the replies
+    that fit) into ``sites_out``, the round's log for the contribution and the new global model
+    (``secure``: a SecAgg+ round's summed model). Returns the aggregated train metrics. Raises
+    ``JobFailed`` (fewer than ``min_sites`` replies) and ``NonFinite`` as :func:`_train_round`."""
+    min_sites = run.cfg.spec.min_sites
     for node, (_, m) in train.items():
         sites_out[run.node_site[node]].update(
             ok=True,
@@ -1251,10 +1386,18 @@ def _evaluate_round(run: _Run, rnd: int, sites_out: dict[str, dict]) -> None:
     ``run.last_eval``, Flower's aggregate into ``run.aggregate_eval``. After the last round each
     site's final aggregates (``contract.EvalReport``) go into ``run.reports`` and its metrics
     into ``run.last_eval``. Replies out of the portal's bounds are refused (``run.test_check``)."""
-    final = rnd == run.cfg.num_rounds
     evaluation = run.send_model(
         MessageType.EVALUATE, EvaluateReply, sites_out, rnd, check=run.test_check
     )
+    _record_evaluation(run, rnd, sites_out, evaluation, final=rnd == run.cfg.num_rounds)
+
+
+def _record_evaluation(
+    run: _Run, rnd: int, sites_out: dict[str, dict], evaluation: dict, *, final: bool
+) -> None:
+    """Round step b's second half: ``evaluation`` (node → (reply, :class:`EvaluateReply`) of the
+    replies that fit; with ``final`` each reply's ``report`` too) into ``sites_out``,
+    ``run.last_eval``, ``run.reports`` and ``run.aggregate_eval`` (:func:`_evaluate_round`)."""
     for node, (reply, m) in evaluation.items():
         site = run.node_site[node]
         entry = sites_out[site]
@@ -1317,16 +1460,30 @@ def _drop_sites(run: _Run, rnd: int, sites_out: dict[str, dict], answer: Callbac
 
 
 def _round(run: _Run, rnd: int) -> None:
-    """One FedAvg round: train, evaluate, post the ``round`` event (step c), drop sites."""
-    t0 = time.monotonic()
-    run.config["server-round"] = rnd
-    run.config["final"] = rnd == run.cfg.num_rounds
+    """One round: :func:`_fused_round` (ADR 0030), or for a SecAgg+ job train, evaluate, post
+    the ``round`` event (step c), drop sites (:func:`_unfused_round`)."""
+    if run.fused:
+        _fused_round(run, rnd)
+    else:
+        _unfused_round(run, rnd)
+
+
+def _first_sites_out(run: _Run, rnd: int) -> dict[str, dict]:
+    """Round ``rnd``'s entries of the active sites; round 1 also reports the sites refused after
+    discovery."""
     sites_out: dict[str, dict] = {s: {"node_id": str(n)} for s, n in run.active.items()}
-    if rnd == 1:  # sites refused after discovery are reported with the first round
+    if rnd == 1:
         for site, error in run.faulty.items():
             sites_out[site] = {"node_id": str(run.site_node[site]), "ok": False, "error": error}
-    train_agg = _train_round(run, rnd, sites_out)
-    _evaluate_round(run, rnd, sites_out)
+    return sites_out
+
+
+def _post_round(
+    run: _Run, rnd: int, sites_out: dict[str, dict], train_agg: dict, wall: float
+) -> CallbackAnswer:
+    """Step c and d: post round ``rnd`` (its train aggregate ``train_agg``, ``run.aggregate_eval``
+    and ``wall`` seconds), then drop the sites it failed and the sites the portal's answer drops
+    (:func:`_drop_sites`, which raises ``JobFailed``)."""
     answer = run.reporter.post(
         Round(
             round=rnd,
@@ -1334,12 +1491,288 @@ def _round(run: _Run, rnd: int) -> None:
             train_examples=sum(
                 int(e.get("train_examples", 0)) for e in sites_out.values() if e.get("ok") is True
             ),
-            wall_seconds=time.monotonic() - t0,
+            wall_seconds=wall,
             sites={s: _site_round(e) for s, e in sites_out.items()},
             **run.aggregate_eval,
         )
     )
     _drop_sites(run, rnd, sites_out, answer)
+    return answer
+
+
+def _unfused_round(run: _Run, rnd: int) -> None:
+    """One round of a SecAgg+ job: train, evaluate, post the ``round`` event, drop sites.
+
+    Not fused (ADR 0030): SecAgg+'s train replies are masked vectors summed over several protocol
+    stages in ``frp_flwr.secagg`` (Flower's ``SecAggPlusWorkflow``), and a site that drops out
+    mid-protocol is unmasked by the others' shares; evaluating inside that exchange would tie the
+    evaluation's replies to the protocol's dropouts and thresholds. Two messages per round stay."""
+    t0 = time.monotonic()
+    run.config["server-round"] = rnd
+    run.config["final"] = rnd == run.cfg.num_rounds
+    sites_out = _first_sites_out(run, rnd)
+    train_agg = _train_round(run, rnd, sites_out)
+    _evaluate_round(run, rnd, sites_out)
+    _post_round(run, rnd, sites_out, train_agg, time.monotonic() - t0)
+
+
+@dataclass
+class _Pending:
+    """A fused round trained and aggregated whose evaluation comes with the next message:
+    its number, its sites' entries (train figures), the aggregated train metrics, its start
+    (``time.monotonic``) and, when a checkpoint is due, the run's state after its aggregation
+    (``_snapshot``)."""
+
+    rnd: int
+    sites_out: dict[str, dict]
+    train_agg: dict
+    t0: float
+    snapshot: dict | None = None
+
+
+def _snapshot(run: _Run) -> dict:
+    """The state a checkpoint of the current round saves (model, history, strategy state),
+    copied now: the checkpoint is written one message later (:func:`_fused_round`)."""
+    return {
+        "weights": list(run.arrays.to_numpy_ndarrays()),
+        "history": list(run.history),
+        "state": copy.deepcopy(checkpoints.strategy_state(run.strategy)),
+    }
+
+
+def _model_messages(run: _Run, plan: dict[int, tuple[str, ConfigRecord, dict]]) -> Exchange:
+    """Send the current global model to each node of ``plan`` (node → (message type, config,
+    more records)) in one push; pull the replies (:func:`exchange`)."""
+    msgs = [
+        Message(
+            RecordDict({"arrays": run.arrays, "config": config, **extra}),
+            dst_node_id=node,
+            message_type=message_type,
+        )
+        for node, (message_type, config, extra) in plan.items()
+    ]
+    return exchange(run.grid, msgs, timeout=run.cfg.round_timeout, poll=run.cfg.poll_interval)
+
+
+def _parts(result: Exchange, nodes, part) -> Exchange:
+    """``result`` restricted to ``nodes``, each reply as ``part(reply)``: a view
+    (:func:`_view`), or a text, which becomes that node's error."""
+    out = Exchange(elapsed=result.elapsed)
+    out.errors = {n: e for n, e in result.errors.items() if n in nodes}
+    out.timed_out = {n for n in result.timed_out if n in nodes}
+    for node, reply in result.replies.items():
+        if node in nodes:
+            view = part(reply)
+            if isinstance(view, str):
+                out.errors[node] = view
+            else:
+                out.replies[node] = view
+    return out
+
+
+def _evaluation_part(reply: Message) -> Message | str:
+    """The evaluation of a fused reply (a train reply's :data:`EVALUATION_RECORD`, or a plain
+    evaluate reply's ``metrics`` and ``report``) as a single-part evaluate reply."""
+    if reply.metadata.message_type == MessageType.TRAIN:
+        if EVALUATION_RECORD not in reply.content:
+            return "malformed train reply: no evaluation of the global model it received"
+        return _view(reply, metrics=reply.content[EVALUATION_RECORD])
+    records = {k: reply.content[k] for k in ("metrics", "report") if k in reply.content}
+    return _view(reply, **records)
+
+
+def _train_part(reply: Message) -> Message | str:
+    """The training of a fused train reply (``arrays``, ``metrics``), or its
+    :data:`TRAIN_ERROR_RECORD`'s reason as text."""
+    if TRAIN_ERROR_RECORD in reply.content:
+        try:
+            return sanitise(readable_error(reply_error(reply.content[TRAIN_ERROR_RECORD], "error")))
+        except ContractError as exc:
+            return sanitise(f"malformed train reply: {exc}")
+    return _view(
+        reply, **{k: reply.content[k] for k in ("arrays", "metrics") if k in reply.content}
+    )
+
+
+def _parse_round(run: _Run, rnd: int, sites_out: dict[str, dict], result: Exchange, kind: str):
+    """:func:`parse_replies` of ``kind`` (``train`` or ``evaluate``) parts of round ``rnd``; a
+    non-finite one posts the round as partial, then raises ``NonFinite``. The train parts are
+    bounded with the metering of the evaluation that came in the same reply added
+    (``run.fused_metering``: node → (CPU s, wall s)), the whole reply's work within its time."""
+    if kind == MessageType.TRAIN:
+        extra = run.fused_metering
+
+        def check(site, m, elapsed):
+            cpu, wall = extra.get(run.active.get(site, -1), (0.0, 0.0))
+            summed = replace(m, cpu_seconds=m.cpu_seconds + cpu, wall_seconds=m.wall_seconds + wall)
+            return run.train_check(site, summed, elapsed) if run.train_check else ""
+
+        reply_type = TrainReply
+    else:
+        check, reply_type = run.test_check, EvaluateReply
+    try:
+        return parse_replies(
+            result,
+            message_type=kind,
+            sent=run.arrays,
+            node_site=run.node_site,
+            sites_out=sites_out,
+            reply_type=reply_type,
+            check=check,
+            rnd=rnd,
+            timeout=run.cfg.round_timeout,
+        )
+    except NonFinite:
+        run.post_partial(rnd, sites_out)
+        raise
+
+
+def _fused_round(run: _Run, rnd: int) -> None:
+    """One fused round (issue 12, ADR 0030): ONE message per site carries the global model of
+    round ``rnd − 1``, which the site evaluates (the figures of round ``rnd − 1``), then trains
+    from; round ``rnd − 1`` is then complete: its ``round`` event is posted, its failed and
+    revoked sites dropped (their round-``rnd`` training is discarded, as if never sent) and its
+    checkpoint saved; then round ``rnd`` is aggregated from the sites left and waits
+    (``run.pending``) for its evaluation in the next message (:func:`_close` after the last).
+
+    A site that failed round ``rnd − 1``'s training gets a plain evaluate message instead, as
+    before. Raises ``JobFailed`` / ``NonFinite`` as the unfused round does, naming the round the
+    failing part belongs to (the evaluation's round ``rnd − 1``, the training's ``rnd``)."""
+    t0 = time.monotonic()
+    pending = run.pending
+    run.config["server-round"] = rnd
+    run.config["final"] = rnd == run.cfg.num_rounds
+    fused = ConfigRecord({**dict(run.config.items()), EVALUATE_INCOMING: pending is not None})
+    failed_before = set()
+    if pending is not None:  # a site that failed the round before only evaluates, as before
+        failed_before = {
+            run.active[s]
+            for s, e in pending.sites_out.items()
+            if s in run.active and e.get("ok") is not True
+        }
+    before = ConfigRecord({**dict(run.config.items()), "server-round": rnd - 1, "final": False})
+    plan = {
+        n: (MessageType.EVALUATE, before, {})
+        if n in failed_before
+        else (MessageType.TRAIN, fused, {})
+        for n in run.active.values()
+    }
+    result = _model_messages(run, plan)
+    run.fused_metering = {}
+    if pending is not None:
+        evaluation = _parse_round(
+            run,
+            pending.rnd,
+            pending.sites_out,
+            _parts(result, set(plan), _evaluation_part),
+            MessageType.EVALUATE,
+        )
+        _record_evaluation(run, pending.rnd, pending.sites_out, evaluation, final=False)
+        run.fused_metering = {
+            n: (m.cpu_seconds, m.wall_seconds) for n, (_, m) in evaluation.items()
+        }
+        _post_round(
+            run, pending.rnd, pending.sites_out, pending.train_agg, time.monotonic() - pending.t0
+        )
+        _checkpoint(run, pending.rnd, pending.snapshot)
+    sites_out = _first_sites_out(run, rnd)
+    trained = {n for n in run.active.values() if n not in failed_before}
+    train_result = _parts(result, trained, _train_part)
+    if pending is not None:  # silences and errors were the evaluation's (round rnd − 1)'s
+        train_result.errors = {n: e for n, e in train_result.errors.items() if n in result.replies}
+        train_result.timed_out = set()
+    train = _parse_round(run, rnd, sites_out, train_result, MessageType.TRAIN)
+    train_agg = _aggregate_round(run, rnd, sites_out, train)
+    due = run.store is not None and rnd < run.cfg.num_rounds
+    run.pending = _Pending(rnd, sites_out, train_agg, t0, _snapshot(run) if due else None)
+
+
+def _close(run: _Run) -> None:
+    """The closing message of a fused run (ADR 0030): the final model to every active site, with
+    the coalition models beside it when the contribution is measured (not to a site that failed
+    the last round's training: it is dropped before the contribution, as before). Posts the last
+    round's ``round`` event and drops sites; the contribution event is kept in
+    ``run.contribution`` for :func:`_report_contribution` (after ``finished``)."""
+    pending, run.pending = run.pending, None
+    if pending is None:  # no round ran (a resume past the last round): _finish says so
+        return
+    rnd = pending.rnd
+    run.config["server-round"] = rnd
+    run.config["final"] = True
+    plan_c = None
+    if run.cfg.contribution and not run.is_trees:
+        try:
+            plan_c = coalition_plan(
+                run.players, run.initial, run.history, strategy=run.cfg.spec.strategy
+            )
+        except Exception as exc:  # contribution is an add-on: the trained model stands regardless
+            log.warning("contribution evaluation failed: %s", exc)
+            run.contribution = Contribution(
+                players=run.players, error=sanitise(f"{exc}", limit=1000)
+            )
+    scoring = {
+        n
+        for s, n in run.active.items()
+        if plan_c is not None and pending.sites_out.get(s, {}).get("ok") is True
+    }
+    with_keys = (
+        ConfigRecord({**dict(run.config.items()), "coalition-keys": plan_c.keys})
+        if plan_c is not None
+        else run.config
+    )
+    plan = {
+        n: (MessageType.EVALUATE, with_keys, {"models": plan_c.stacked})
+        if n in scoring
+        else (MessageType.EVALUATE, run.config, {})
+        for n in run.active.values()
+    }
+    t0 = time.monotonic()
+    result = _model_messages(run, plan)
+    wall = time.monotonic() - t0
+    evaluation = _parse_round(
+        run,
+        rnd,
+        pending.sites_out,
+        _parts(result, set(plan), _evaluation_part),
+        MessageType.EVALUATE,
+    )
+    _record_evaluation(run, rnd, pending.sites_out, evaluation, final=True)
+    _post_round(run, rnd, pending.sites_out, pending.train_agg, time.monotonic() - pending.t0)
+    if plan_c is None:
+        return
+    metering = {n: (m.cpu_seconds, m.wall_seconds) for n, (_, m) in evaluation.items()}
+
+    def coalition_part(reply: Message) -> Message | str:
+        if COALITION_ERROR_RECORD in reply.content:
+            try:
+                return sanitise(
+                    readable_error(reply_error(reply.content[COALITION_ERROR_RECORD], "error"))
+                )
+            except ContractError as exc:
+                return sanitise(f"malformed coalition reply: {exc}")
+        if COALITIONS_RECORD not in reply.content:
+            return "malformed evaluate reply: no scores of the coalition models"
+        return _view(reply, metrics=reply.content[COALITIONS_RECORD])
+
+    def check(site, m, elapsed):  # the evaluation's metering added: the reply's work in its time
+        cpu, wall_ = metering.get(run.active.get(site, -1), (0.0, 0.0))
+        summed = replace(m, cpu_seconds=m.cpu_seconds + cpu, wall_seconds=m.wall_seconds + wall_)
+        return run.test_check(site, summed, elapsed) if run.test_check else ""
+
+    scorers = {s: n for s, n in run.active.items() if n in scoring}  # after the drops
+    try:
+        run.contribution = score_coalitions(
+            plan_c,
+            _parts(result, set(scorers.values()), coalition_part),
+            active=scorers,
+            timeout=run.cfg.round_timeout,
+            check=check,
+            task=run.task,
+            wall_seconds=wall,
+        )
+    except Exception as exc:  # contribution is an add-on: the trained model stands regardless
+        log.warning("contribution evaluation failed: %s", exc)
+        run.contribution = Contribution(players=run.players, error=sanitise(f"{exc}", limit=1000))
 
 
 def _finish(run: _Run) -> None:
@@ -1375,7 +1808,11 @@ def _finish(run: _Run) -> None:
 
 def _report_contribution(run: _Run) -> None:
     """Step 5: :func:`evaluate_contribution` at the remaining sites, posted as ``contribution``;
-    a failure is posted in the event (never raised: the trained model stands regardless)."""
+    a failure is posted in the event (never raised: the trained model stands regardless). A fused
+    run scored the coalitions in its closing message (:func:`_close`): that event is posted."""
+    if run.contribution is not None:
+        run.reporter.post(run.contribution)
+        return
     try:
         event = evaluate_contribution(
             grid=run.grid,
@@ -1417,7 +1854,10 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter, *, store=None) -> No
     run.store = store
     for rnd in range(cfg.resume_round + 1, cfg.num_rounds + 1):
         _round(run, rnd)
-        _checkpoint(run, rnd)
+        if not run.fused:  # a fused round's checkpoint is saved when its evaluation is in
+            _checkpoint(run, rnd)
+    if run.fused:
+        _close(run)
     _finish(run)
     if cfg.contribution and not run.is_trees and run.secagg is None:
         # trees: data volume, at the portal (ADR 0023); SecAgg+: no update to rebuild coalitions from
@@ -1451,26 +1891,33 @@ def _model_store():
         return None
 
 
-def _checkpoint(run: _Run, rnd: int) -> None:
+def _checkpoint(run: _Run, rnd: int, snapshot: dict | None = None) -> None:
     """Save the run's state after round ``rnd`` (not after the last: the final model is the
     ``finished`` event's) to ``run.store``: the global model, the strategy's state, the round
     history the contribution needs and the fitted preprocessing. A store that fails is logged;
-    training goes on (the run then resumes from an earlier round)."""
+    training goes on (the run then resumes from an earlier round).
+
+    A fused round (ADR 0030) is checkpointed when its ``round`` event is posted, one message after
+    its aggregation: ``snapshot`` (:func:`_snapshot`) holds the model, history and strategy state
+    of then; the active sites are those left after its drops, as for an unfused round. So a
+    checkpoint of round k always follows round k's event, and a resumed run's first message
+    trains round k + 1 with nothing to evaluate."""
     if run.store is None or rnd >= run.cfg.num_rounds:
         return
+    state = snapshot or _snapshot(run)
     checkpoint = checkpoints.Checkpoint(
         job_id=run.cfg.job_id,
         round=rnd,
-        weights=list(run.arrays.to_numpy_ndarrays()),
+        weights=state["weights"],
         initial=run.initial,
-        history=run.history,
+        history=state["history"],
         players=run.players,
         active=sorted(run.active),
         fitted=run.prepared.fitted.to_text(),
         preparation=run.prepared.preparation.to_json(),
         train_labels=run.prepared.train_labels,
         strategy=type(run.strategy).__name__,
-        state=checkpoints.strategy_state(run.strategy),
+        state=state["state"],
     )
     try:
         checkpoints.save(run.store, checkpoint)
