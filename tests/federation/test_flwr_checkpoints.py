@@ -160,7 +160,7 @@ def test_a_run_killed_after_round_2_resumes_to_the_uninterrupted_result(tmp_path
     crashed = Portal({s: SiteLimits(rows=n, cores=1) for s, n in ROWS.items()})
 
     def killed_in_round_4(run, rnd):
-        # fused rounds (ADR 0030): round 2 is posted and checkpointed when round 3's train
+        # fused rounds (ADR 0032): round 2 is posted and checkpointed when round 3's train
         # replies (which evaluate it) are in; killed before round 4's, round 3 is trained only
         if rnd == 4:
             raise SystemExit("SIGKILL")  # nothing is posted, as when the process is killed

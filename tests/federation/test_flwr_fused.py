@@ -1,6 +1,6 @@
 """Fused rounds (issue 12): the train message of round r > 1 carries round r − 1's global model,
 which the site evaluates before it trains; one closing evaluate message after the last round
-scores the final model and the coalition models (ADR 0030).
+scores the final model and the coalition models (ADR 0032).
 
 ``server_app.run_job`` runs over the stand-in SuperLink of ``test_flwr_trust`` (each node answers
 with the real ClientApp handlers on its own in-memory split). The expected figures come from an

@@ -80,7 +80,7 @@ def test_a_trees_run_killed_after_round_2_resumes_with_fedxgbbagging_and_its_boo
     real_close = server_app._close
 
     def killed_before_the_closing_evaluation(run):
-        # fused rounds (ADR 0030): round 2 is checkpointed when round 3's train replies (which
+        # fused rounds (ADR 0032): round 2 is checkpointed when round 3's train replies (which
         # evaluate it) are in; round 3 is trained, its evaluation never comes
         raise SystemExit("SIGKILL")  # nothing is posted, as when the process is killed
 

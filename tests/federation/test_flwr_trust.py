@@ -112,7 +112,7 @@ class Node:
         if msg.metadata.message_type == "evaluate.coalitions" and not reply.has_error():
             self.coalition_accuracy = list(reply.content["metrics"]["coalition-accuracy"])
         if not reply.has_error() and "coalitions" in reply.content:
-            # a fused run's closing evaluate message scores them too (ADR 0030)
+            # a fused run's closing evaluate message scores them too (ADR 0032)
             self.coalition_accuracy = list(reply.content["coalitions"]["coalition-accuracy"])
         return reply
 
@@ -349,7 +349,7 @@ def test_coalition_utilities_are_the_median_of_the_evaluating_sites():
     def tamper(msg, reply):
         if msg.metadata.message_type == "evaluate.coalitions":
             return self_serving(msg, reply)
-        if "models" in msg.content:  # a fused run's closing message (ADR 0030)
+        if "models" in msg.content:  # a fused run's closing message (ADR 0032)
             keys = list(msg.content["config"]["coalition-keys"])
             forged = [1.0 if str(c) in key.split("|", 1)[1].split(",") else 0.0 for key in keys]
             return _metrics_tamper("coalitions", **{"coalition-accuracy": forged})(msg, reply)
@@ -439,7 +439,7 @@ def test_replies_that_fit_alone_but_overflow_the_sum_drop_only_that_site():
     three sites. Without limits from the portal (none answered), the site is dropped as faulty."""
     nodes = _honest()
     train_metrics = _metrics_tamper(**{"cpu-seconds": 1e9 - 1})
-    evaluation = _metrics_tamper("evaluation", **{"cpu-seconds": 1e9 - 1})  # fused (ADR 0030)
+    evaluation = _metrics_tamper("evaluation", **{"cpu-seconds": 1e9 - 1})  # fused (ADR 0032)
     nodes[103].tamper = lambda msg, reply: evaluation(msg, train_metrics(msg, reply))
 
     portal = _run(nodes, limits={})

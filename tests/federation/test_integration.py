@@ -274,7 +274,7 @@ def test_canary_never_leaves_the_site(outcome, flower_job_world):
     assert {"query", "train", "evaluate"} <= kinds, kinds
     # It is complete: one discovery reply per SuperNode, then a train reply per site and round
     # (2 sites, 2 rounds; round 2's also evaluates round 1's model), then one closing evaluation
-    # per site with the coalition models' scores (fused rounds, ADR 0030) — so "absent from the
+    # per site with the coalition models' scores (fused rounds, ADR 0032) — so "absent from the
     # log" means "never received".
     assert Counter(r["message_type"] for r in replies) == {
         "query": 2,
@@ -355,7 +355,7 @@ def test_no_callback_credential_reaches_a_site(outcome, flower_job_world):
     blobs = _site_bytes(w)
 
     # The capture is complete: each site logged every message it handled (discovery, the two
-    # preparation steps, 2 train, 1 closing evaluate with the coalition models; ADR 0030) with the
+    # preparation steps, 2 train, 1 closing evaluate with the coalition models; ADR 0032) with the
     # run config and node config it ran under.
     for version in w.versions:
         site = version.dataset.site.slug

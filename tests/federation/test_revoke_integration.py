@@ -166,7 +166,7 @@ def test_serverapp_received_nothing_from_the_revoked_site_after_round_one(
     from_revoked = [r["message_type"] for r in replies if r["node_id"] == node]
     # Before round 1 every site answers discovery ("query") and the preprocessing steps
     # ("query.quantiles", "query.design"); after that the revoked site trained in round 1 and
-    # answered round 2's train message, which evaluated round 1's model (fused rounds, ADR 0030:
+    # answered round 2's train message, which evaluated round 1's model (fused rounds, ADR 0032:
     # round 1's callback, where the grant is revoked, follows it; that round-2 update is
     # discarded), and nothing after.
     assert "query" in from_revoked

@@ -7,7 +7,7 @@ Handlers (Flower Message API):
 - ``query.quantiles`` / ``query.design`` — the federated preprocessing's next steps
   (``frp_flwr.preprocess``): cumulative counts for a median; the prepared matrix's column
   statistics for standardisation and what was done to the rows (dropped, imputed).
-- ``train``  — (fused rounds, ADR 0030: when the config says ``evaluate-incoming``, first score the
+- ``train``  — (fused rounds, ADR 0032: when the config says ``evaluate-incoming``, first score the
   received global model — the previous round's — on the held-out split, as ``evaluate`` does) then
   prepare the rows with the job's fitted rules (missing values, one-hot categories,
   federated standardisation), run local SGD of the job's model (``frp_flwr.models``: linear or
@@ -221,7 +221,7 @@ def train(msg: Message, context: Context) -> Message:
     """Local SGD of the job's model (``frp_flwr.models``) from the global weights, with the
     strategy's local settings (FedProx's μ, FedOpt's η_l); reply with weights and metered usage.
 
-    Fused rounds (issue 12, ADR 0030): when the config says ``evaluate-incoming``, the received
+    Fused rounds (issue 12, ADR 0032): when the config says ``evaluate-incoming``, the received
     global model (the previous round's) is first scored on the held-out split, as the evaluate
     handler would, and the reply carries that too (record ``evaluation``, an ``EvaluateReply``
     whose ``bytes-received`` is 0: the model's bytes are metered once, on the training). A
@@ -324,7 +324,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     """Loss and accuracy of the received model on this site's held-out split; after the last
     round (config ``final``) also the aggregates of ``metrics.site_report``.
 
-    The closing message of a fused run (ADR 0030) may carry the coalition models too (ArrayRecord
+    The closing message of a fused run (ADR 0032) may carry the coalition models too (ArrayRecord
     ``models`` and config ``coalition-keys``, as ``evaluate.coalitions``): they are scored after
     the evaluation and replied as record ``coalitions`` (a ``CoalitionReply``); a failure there
     is replied as record ``coalition-error`` and leaves the evaluation standing."""

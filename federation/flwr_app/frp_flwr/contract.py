@@ -1324,7 +1324,7 @@ def _floats(value: Any, where: str, *, length: int | None = None, **bounds) -> l
 
 #: The shape of the ServerApp ↔ ClientApp messages (both ship in one Flower App bundle, so they
 #: change together; the bundle's ``pyproject.toml`` version follows). 2: fused rounds (issue 12,
-#: ADR 0030) — a train message whose config says :data:`EVALUATE_INCOMING` is answered with the
+#: ADR 0032) — a train message whose config says :data:`EVALUATE_INCOMING` is answered with the
 #: training's ``metrics`` (:class:`TrainReply`) and ``arrays`` and the received model's evaluation
 #: (:data:`EVALUATION_RECORD`, an :class:`EvaluateReply`), or, when the training failed after the
 #: evaluation, the evaluation and :data:`TRAIN_ERROR_RECORD` (``{"error": text}``) without

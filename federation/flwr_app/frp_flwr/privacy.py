@@ -146,7 +146,7 @@ def clip_mod(msg: Message, context, call_next) -> Message:
 
     out = fixedclipping_mod(msg, context, handler)
     if inner and not inner[0].has_error() and TRAIN_ERROR_RECORD in inner[0].content:
-        # a fused round's training failed after its evaluation (ADR 0030): no update to clip, and
+        # a fused round's training failed after its evaluation (ADR 0032): no update to clip, and
         # the evaluation and the reason go back as they are (Flower's mod wants weights)
         return inner[0]
     return out

@@ -14,7 +14,7 @@ Flow of one run (one portal job):
    FedProx, FedAdam, FedYogi, FedAdagrad, FedMedian, FedTrimmedAvg, Krum), with Flower's own
    aggregation, over the job's nodes only (other jobs'
    sites on the same SuperLink are never sampled). Each round: train, then federated evaluation on
-   each site's held-out split — fused (issue 12, ADR 0030): the train message of round r > 1
+   each site's held-out split — fused (issue 12, ADR 0032): the train message of round r > 1
    carries round r − 1's global model, which each site evaluates before it trains, and one closing
    evaluate message scores the final model; round r's event is posted when its evaluation is in.
    Replies are attributed through ``reply_to_message_id`` → the node the
@@ -548,7 +548,7 @@ def parse_replies(
 
 def _view(reply: Message, **records) -> Message:
     """``reply`` with only ``records`` as its content (same metadata): one part of a fused reply
-    (ADR 0030) as the single-part reply Flower's strategies and :func:`parse_replies` read."""
+    (ADR 0032) as the single-part reply Flower's strategies and :func:`parse_replies` read."""
     view = copy.copy(reply)
     view.content = RecordDict(records)
     return view
@@ -1021,7 +1021,7 @@ class _Run:
     max_rows: int = 0
     #: the model store checkpoints go to (``None``: none are saved)
     store: Any = None
-    #: a fused run's round trained whose evaluation comes with the next message (ADR 0030)
+    #: a fused run's round trained whose evaluation comes with the next message (ADR 0032)
     pending: Any = None
     #: node → (CPU s, wall s) of the evaluation that came in the current fused message
     fused_metering: dict = field(default_factory=dict)
@@ -1030,7 +1030,7 @@ class _Run:
 
     @property
     def fused(self) -> bool:
-        """Rounds are fused (ADR 0030): every job but SecAgg+ (see :func:`_unfused_round`)."""
+        """Rounds are fused (ADR 0032): every job but SecAgg+ (see :func:`_unfused_round`)."""
         return self.secagg is None
 
     @property
@@ -1460,7 +1460,7 @@ def _drop_sites(run: _Run, rnd: int, sites_out: dict[str, dict], answer: Callbac
 
 
 def _round(run: _Run, rnd: int) -> None:
-    """One round: :func:`_fused_round` (ADR 0030), or for a SecAgg+ job train, evaluate, post
+    """One round: :func:`_fused_round` (ADR 0032), or for a SecAgg+ job train, evaluate, post
     the ``round`` event (step c), drop sites (:func:`_unfused_round`)."""
     if run.fused:
         _fused_round(run, rnd)
@@ -1503,7 +1503,7 @@ def _post_round(
 def _unfused_round(run: _Run, rnd: int) -> None:
     """One round of a SecAgg+ job: train, evaluate, post the ``round`` event, drop sites.
 
-    Not fused (ADR 0030): SecAgg+'s train replies are masked vectors summed over several protocol
+    Not fused (ADR 0032): SecAgg+'s train replies are masked vectors summed over several protocol
     stages in ``frp_flwr.secagg`` (Flower's ``SecAggPlusWorkflow``), and a site that drops out
     mid-protocol is unmasked by the others' shares; evaluating inside that exchange would tie the
     evaluation's replies to the protocol's dropouts and thresholds. Two messages per round stay."""
@@ -1628,7 +1628,7 @@ def _parse_round(run: _Run, rnd: int, sites_out: dict[str, dict], result: Exchan
 
 
 def _fused_round(run: _Run, rnd: int) -> None:
-    """One fused round (issue 12, ADR 0030): ONE message per site carries the global model of
+    """One fused round (issue 12, ADR 0032): ONE message per site carries the global model of
     round ``rnd − 1``, which the site evaluates (the figures of round ``rnd − 1``), then trains
     from; round ``rnd − 1`` is then complete: its ``round`` event is posted, its failed and
     revoked sites dropped (their round-``rnd`` training is discarded, as if never sent) and its
@@ -1688,7 +1688,7 @@ def _fused_round(run: _Run, rnd: int) -> None:
 
 
 def _close(run: _Run) -> None:
-    """The closing message of a fused run (ADR 0030): the final model to every active site, with
+    """The closing message of a fused run (ADR 0032): the final model to every active site, with
     the coalition models beside it when the contribution is measured (not to a site that failed
     the last round's training: it is dropped before the contribution, as before). Posts the last
     round's ``round`` event and drops sites; the contribution event is kept in
@@ -1897,7 +1897,7 @@ def _checkpoint(run: _Run, rnd: int, snapshot: dict | None = None) -> None:
     history the contribution needs and the fitted preprocessing. A store that fails is logged;
     training goes on (the run then resumes from an earlier round).
 
-    A fused round (ADR 0030) is checkpointed when its ``round`` event is posted, one message after
+    A fused round (ADR 0032) is checkpointed when its ``round`` event is posted, one message after
     its aggregation: ``snapshot`` (:func:`_snapshot`) holds the model, history and strategy state
     of then; the active sites are those left after its drops, as for an unfused round. So a
     checkpoint of round k always follows round k's event, and a resumed run's first message
