@@ -90,6 +90,7 @@ def test_serverapp_killed_mid_job_is_resumed_and_completes_as_an_uninterrupted_j
 
         job = fs.submit(world, title="killed and resumed", num_rounds=ROUNDS)
         pk = job.pk
+        assert artifacts.checkpoint_round(job) == 0  # the store holds no other job's under pk
         wait_for(
             lambda: artifacts.checkpoint_round(fs.job(pk)) >= 2,
             timeout=600,
