@@ -5,6 +5,7 @@
 #                             job by web form, then keep serving http://127.0.0.1:${FRP_PORT:-8000}
 #   ./run.sh --exit-after-job same, then stop everything and exit with the job's status (for scripts)
 #   FRP_PORT=8100 ./run.sh    serve on another port (default 8000)
+#   FRP_VAR_DIR=/tmp/frp ./run.sh   keep database, keys, stores and logs elsewhere (default ./var)
 #
 # Embedded default: SQLite, Celery over the filesystem transport, one store directory per site, all
 # under ./var. Nothing here needs a server to be installed.
@@ -17,7 +18,7 @@ EXIT_AFTER_JOB=0
 for arg in "$@"; do
   case "$arg" in
     --exit-after-job) EXIT_AFTER_JOB=1 ;;
-    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -25,24 +26,25 @@ done
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 PORT=${FRP_PORT:-8000}
+VAR=${FRP_VAR_DIR:-var}  # the portal's own default (settings.VAR_DIR); FRP_VAR_DIR moves all of it
 export FRP_CALLBACK_BASE_URL="http://127.0.0.1:${PORT}"
 export PYTHONUNBUFFERED=1
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 t0=$(date +%s)
 
-step "Installing into .venv (Python: $($PYTHON --version); log: var/logs/install.log)"
-mkdir -p var/logs
+step "Installing into .venv (Python: $($PYTHON --version); log: $VAR/logs/install.log)"
+mkdir -p "$VAR/logs"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 # Progress, not minutes of silence: one line per package pip fetches or builds; the full log is kept.
 if ! { .venv/bin/python -m pip install --upgrade pip && .venv/bin/python -m pip install -e .; } 2>&1 \
-    | tee var/logs/install.log \
+    | tee "$VAR/logs/install.log" \
     | { grep --line-buffered -E '^(Collecting|Building|Installing collected|Successfully installed)' \
         | sed -u -E 's/^(.{0,110}).*/    \1/' || true; }; then
-  tail -n 30 var/logs/install.log >&2; echo "install failed (var/logs/install.log)" >&2; exit 1
+  tail -n 30 "$VAR/logs/install.log" >&2; echo "install failed ($VAR/logs/install.log)" >&2; exit 1
 fi
 PY=.venv/bin/python
 
-step "Preparing the database (SQLite under ./var) and the demo institutions"
+step "Preparing the database (SQLite under $VAR, unless DATABASE_URL names another) and the demo institutions"
 $PY manage.py migrate --noinput -v0
 $PY manage.py demo_seed
 
@@ -57,11 +59,11 @@ trap 'exit 130' INT TERM
 step "Starting the local federation: a Flower SuperLink and one SuperNode per site"
 $PY manage.py federation_up
 
-step "Starting the Celery worker (filesystem broker) and the portal on 127.0.0.1:${PORT}"
+step "Starting the Celery worker (${CELERY_BROKER_URL:-filesystem broker}) and the portal on 127.0.0.1:${PORT}"
 .venv/bin/celery -A portal worker -B --concurrency 1 --loglevel INFO \
-  --schedule var/celerybeat-schedule >var/logs/worker.log 2>&1 &
+  --schedule "$VAR/celerybeat-schedule" >"$VAR/logs/worker.log" 2>&1 &
 PIDS+=($!)
-$PY manage.py runserver "127.0.0.1:${PORT}" --noreload >var/logs/web.log 2>&1 &
+$PY manage.py runserver "127.0.0.1:${PORT}" --noreload >"$VAR/logs/web.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 1 100); do
   $PY - <<PYEOF 2>/dev/null && break
@@ -79,5 +81,5 @@ if [ "$EXIT_AFTER_JOB" = 1 ]; then
   exit "$status"
 fi
 step "Portal serving at http://127.0.0.1:${PORT}/ — sign in as ada / federated-demo-2026 (Ctrl-C stops everything)"
-echo "Logs: var/logs/ (web, worker) and var/federation/logs/ (SuperLink, SuperNodes)"
+echo "Logs: $VAR/logs/ (web, worker) and $VAR/federation/logs/ (SuperLink, SuperNodes)"
 wait

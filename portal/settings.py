@@ -431,6 +431,9 @@ LOGGING = {
     "loggers": {
         "django": {"handlers": [], "level": "INFO", "propagate": True},
         "django.server": {"handlers": ["django.server"], "level": "INFO", "propagate": False},
+        # One INFO line per Control API request (the SuperLink client) is noise in commands'
+        # progress output; its warnings and errors still show.
+        "httpx": {"level": "WARNING"},
     },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
 }
