@@ -59,7 +59,8 @@ trap 'exit 130' INT TERM
 step "Starting the local federation: a Flower SuperLink and one SuperNode per site"
 $PY manage.py federation_up
 
-step "Starting the Celery worker (${CELERY_BROKER_URL:-filesystem broker}) and the portal on 127.0.0.1:${PORT}"
+broker="filesystem broker"; [ -n "${CELERY_BROKER_URL:-}" ] && broker="the broker of CELERY_BROKER_URL"
+step "Starting the Celery worker ($broker) and the portal on 127.0.0.1:${PORT}"
 .venv/bin/celery -A portal worker -B --concurrency 1 --loglevel INFO \
   --schedule "$VAR/celerybeat-schedule" >"$VAR/logs/worker.log" 2>&1 &
 PIDS+=($!)

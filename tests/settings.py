@@ -34,9 +34,10 @@ os.environ.setdefault(
     os.path.join(tempfile.gettempdir(), f"frp-test-var{'-' + _XDIST if _XDIST else ''}"),
 )
 
-# The model store (round checkpoints, final models) is keyed by job id, and each test run's
-# database counts job ids from 1 again: a store shared by runs hands a new job 2 the round
-# checkpoints of an earlier run's job 2. One store per run (and per xdist worker), named in the
+# The model store (round checkpoints, final models) is keyed by job id, and job ids repeat: each
+# test run's database counts from 1, and so it does again after a federation module's flush
+# (tests/conftest.py empties the store then), so a shared store hands a new job 2 the round
+# checkpoints of an earlier job 2. One store per run (and per xdist worker), named in the
 # environment so the worker, SuperLink and ServerApps this process starts use the same one.
 if _XDIST:
     _models = f"frp-test-models-{os.environ.get('PYTEST_XDIST_TESTRUNUID', 'run')}-{_XDIST}"
