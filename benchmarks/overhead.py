@@ -75,6 +75,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import tomli_w
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -510,16 +512,6 @@ def raw_run_config(world: World, rounds: int, args: argparse.Namespace) -> dict:
     return config
 
 
-def _toml_value(value) -> str:
-    """``value`` as a TOML value for ``flwr run -c`` (the serialisation the portal's CLI launch
-    used; the portal now submits through the Control API in-process, ADR 0018)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
-
-
 def run_flower(world: World, rounds: int, args: argparse.Namespace) -> RunResult:
     """The raw arm on the second federation, which runs on Flower's defaults."""
     return run_raw(world, rounds, args, home=world.flower_home, arm="flower")
@@ -538,7 +530,7 @@ def run_raw(
 
     config = raw_run_config(world, rounds, args)
     toml = world.tmp / "raw-run-config.toml"
-    toml.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in config.items()))
+    toml.write_text(tomli_w.dumps(config))  # flwr's own TOML writer (a flwr dependency)
 
     t0 = time.monotonic()
     payload = _flwr(world, ["run", str(world.app_dir), world.federation, "-c", str(toml)], home)
