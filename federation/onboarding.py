@@ -55,14 +55,16 @@ def _connection() -> superlink.Connection:
 def superlink_public_address() -> str:
     """The SuperLink address a site's SuperNode dials (``host:port``).
 
-    ``FRP_SUPERLINK_PUBLIC_ADDRESS``, else the local federation's. Raises ``OnboardingError``.
+    ``FRP_SUPERLINK_PUBLIC_ADDRESS``, else the local federation's Fleet address (its Fleet
+    gateway's when other hosts reach it: never the SuperLink's own port, which also serves the
+    Control API; ADR 0033). Raises ``OnboardingError``.
     """
     if settings.FRP_SUPERLINK_PUBLIC_ADDRESS:
         return settings.FRP_SUPERLINK_PUBLIC_ADDRESS
     from federation import runtime
 
     try:
-        return runtime.load_state(settings.VAR_DIR / "federation").superlink_address
+        return runtime.load_state(settings.FRP_FEDERATION_DIR).fleet_address
     except runtime.RuntimeError_ as exc:
         raise OnboardingError(
             "no SuperLink address to give sites: set FRP_SUPERLINK_PUBLIC_ADDRESS, or start the "

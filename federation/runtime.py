@@ -21,6 +21,14 @@ SuperExec dials); every SuperNode and the portal's flwr CLI verify it with ``--r
 ``root-certificates``. ``insecure=True`` (plain HTTP, ``--insecure``) exists only for development and
 is reached only through an explicit flag (``manage.py federation_up --insecure-development``).
 
+A federation that other hosts reach (``host`` not a loopback address, e.g. ``0.0.0.0``) does not
+publish the SuperLink: flwr 1.42 serves the Fleet, Control and runtime APIs on one port, and the
+Control API has no authentication, so the SuperLink listens on ``127.0.0.1`` and a Fleet gateway
+(``federation.fleet_gateway``, nginx) listens on ``host`` and forwards only ``/v1/fleet/`` to it
+(ADR 0033). ``FederationState.superlink_address`` is then the loopback address (the portal's
+Control connection, the ServerApps) and ``public_address`` the gateway's (SuperNodes, site kits).
+A loopback-only federation (the embedded default) needs no gateway and has one address.
+
 In a multi-host deployment each institution runs its own SuperNode (see docker-compose.yml and the
 site package, ``frp_site``) and this module is not used there.
 """
@@ -28,6 +36,7 @@ site package, ``frp_site``) and this module is not used there.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import re
@@ -40,7 +49,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from federation import pki, superlink
+from federation import fleet_gateway, pki, superlink
 from frp_flwr.checkpoints import STORE_ENV
 from frp_flwr.signing import KEY_ENV, KEY_FILE_ENV
 from frp_site import nodekey, supernode
@@ -77,7 +86,7 @@ class FederationState:
     """What ``federation.json`` holds: the SuperLink address and every process started."""
 
     root: str
-    superlink_address: str
+    superlink_address: str  # where the portal's Control connection dials (loopback with a gateway)
     superlink_pid: int
     supernodes: dict[str, int] = field(default_factory=dict)  # site → pid
     logs: dict[str, str] = field(default_factory=dict)  # process name → log file
@@ -88,6 +97,15 @@ class FederationState:
     sites: dict[str, dict] = field(default_factory=dict)  # site → its LocalSite fields
     host: str = "127.0.0.1"
     node_env: dict[str, str] = field(default_factory=dict)  # extra environment of every SuperNode
+    # The Fleet gateway (nginx) in front of the SuperLink when other hosts reach it (0: none), and
+    # the address SuperNodes and site kits use ("": the SuperLink's own, a loopback federation).
+    gateway_pid: int = 0
+    public_address: str = ""
+
+    @property
+    def fleet_address(self) -> str:
+        """The address a SuperNode dials: the gateway's, or the SuperLink's without one."""
+        return self.public_address or self.superlink_address
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -187,6 +205,7 @@ def start(
     node_auth: bool | None = None,
     tls_names: list[str] | None = None,
     superexec_poll: float | None = SUPEREXEC_POLL_SECONDS,
+    fleet_gateway_on: bool = False,
 ) -> FederationState:
     """Start a SuperLink and one SuperNode per site under ``root``; return their state.
 
@@ -199,10 +218,29 @@ def start(
     (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``); ``None`` leaves Flower's default (1.0 s, or what this
     environment sets). Raises ``RuntimeError_`` (after stopping what it started) when a process
     does not come up or a key cannot be registered, ``pki.PkiError`` when the CA is unusable.
-    ``host="0.0.0.0"`` listens on every interface (sites in other network namespaces dial it at
-    the addresses in ``tls_names``, which the certificate names); the portal then uses
-    ``127.0.0.1``.
+
+    ``host`` other than a loopback address (e.g. ``"0.0.0.0"``: every interface; sites in other
+    network namespaces dial it at the addresses in ``tls_names``, which the certificate names):
+    the SuperLink listens on ``127.0.0.1`` only and a Fleet gateway (nginx) on ``host`` forwards
+    only the Fleet API to it (ADR 0033); ``fleet_gateway_on`` puts the gateway in front of a
+    loopback SuperLink too (tests). There is no way to publish the SuperLink itself. Raises
+    ``RuntimeError_`` (saying to install Debian's ``nginx``) when a gateway is needed and nginx is
+    not installed, and for a gateway without TLS (``insecure``).
     """
+    fleet_gateway_on = fleet_gateway_on or not _is_loopback(host)
+    if fleet_gateway_on and insecure:
+        raise RuntimeError_(
+            "a federation other hosts reach runs with TLS only (its Fleet gateway terminates TLS): "
+            "drop --insecure-development or listen on 127.0.0.1"
+        )
+    if fleet_gateway_on:
+        try:
+            fleet_gateway.nginx_binary()
+        except fleet_gateway.NginxMissing as exc:
+            raise RuntimeError_(str(exc)) from exc
+    public_host = host
+    if fleet_gateway_on:
+        host = "127.0.0.1"  # the SuperLink itself: only this host reaches it
     node_auth = (not insecure) if node_auth is None else node_auth
     if superexec_poll is not None and not 0.01 <= superexec_poll <= 60:
         raise RuntimeError_(
@@ -218,7 +256,7 @@ def start(
     if insecure:
         ca_cert, tls_args = "", ["--insecure"]
     else:
-        ca, cert = superlink_tls(root, host, tls_names)
+        ca, cert = superlink_tls(root, public_host, tls_names)
         ca_cert = str(ca.cert)
         tls_args = [
             f"--ssl-ca-certfile={ca.cert}",
@@ -246,7 +284,7 @@ def start(
     )
     state = FederationState(
         root=str(root),
-        superlink_address=f"{'127.0.0.1' if host == '0.0.0.0' else host}:{port}",  # noqa: S104
+        superlink_address=f"{host}:{port}",
         superlink_pid=superlink_proc.pid,
         logs={"superlink": str(sl_log)},
         ca_cert=ca_cert,
@@ -257,6 +295,24 @@ def start(
     )
     try:
         _wait_port(state.superlink_address.rpartition(":")[0], port, 60, superlink_proc, sl_log)
+        if fleet_gateway_on:
+            public_port = free_port(public_host)
+            try:
+                gw = fleet_gateway.gateway_start(
+                    root / "gateway",
+                    listen_host=public_host,
+                    listen_port=public_port,
+                    upstream_port=port,
+                    cert=Path(cert.cert),
+                    key=Path(cert.key),
+                    ca=Path(ca.cert),
+                )
+            except fleet_gateway.GatewayError as exc:
+                raise RuntimeError_(f"the Fleet gateway did not start: {exc}") from exc
+            state.gateway_pid = gw.pid
+            state.public_address = f"{_dial_host(public_host)}:{public_port}"
+            state.logs["gateway"] = gw.error_log
+            state.logs["gateway-access"] = gw.access_log
         if node_auth:
             state.node_ids = register_nodes(state, sites)
         for site in sites:
@@ -266,6 +322,20 @@ def start(
         raise
     save_state(state)
     return state
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _dial_host(host: str) -> str:
+    """The address this host dials to reach a socket bound to ``host`` (a wildcard: loopback)."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # noqa: S104
 
 
 def save_state(state: FederationState) -> None:
@@ -335,20 +405,21 @@ def start_supernode(state: FederationState, site: LocalSite) -> int:
 
     TLS with ``--root-certificates`` (the state's CA) unless the federation is ``insecure``; its
     key with ``--auth-supernode-private-key`` when SuperNode authentication is on; the SuperExec
-    poll setting of ``state.node_env``. With ``site.netns`` it runs inside that network namespace
-    (``ip netns exec``) and dials ``site.superlink_host``. Raises ``RuntimeError_`` when it does
-    not come up.
+    poll setting of ``state.node_env``. It dials ``state.fleet_address`` (the Fleet gateway's
+    port when there is one). With ``site.netns`` it runs inside that network namespace
+    (``ip netns exec``) and dials ``site.superlink_host`` at that port. Raises ``RuntimeError_``
+    when it does not come up.
     """
     logs = Path(state.root) / "logs"
     # Its ClientAppIo port is local only: a wildcard SuperLink bind does not widen it.
-    host = "127.0.0.1" if site.netns or state.host == "0.0.0.0" else state.host  # noqa: S104
+    host = "127.0.0.1" if site.netns or not _is_loopback(state.host) else state.host
     node_port = free_port(host)
     log = logs / f"supernode-{site.site}.log"
     config = {"site": site.site, "store": site.store_url, "keyring": site.keyring}
     if site.received_log:
         config["received-log"] = site.received_log
-    port = state.superlink_address.rpartition(":")[2]
-    address = f"{site.superlink_host}:{port}" if site.superlink_host else state.superlink_address
+    port = state.fleet_address.rpartition(":")[2]
+    address = f"{site.superlink_host}:{port}" if site.superlink_host else state.fleet_address
     args = supernode.command(
         address,
         node_config=config,
@@ -471,13 +542,16 @@ def _alive(pid: int) -> bool:
 
 
 def is_running(state: FederationState) -> bool:
-    """True when the SuperLink and every SuperNode process is alive."""
-    return all(_alive(p) for p in [state.superlink_pid, *state.supernodes.values()])
+    """True when the SuperLink, its Fleet gateway (if any) and every SuperNode process is alive."""
+    gateway = [state.gateway_pid] if state.gateway_pid else []
+    return all(_alive(p) for p in [state.superlink_pid, *gateway, *state.supernodes.values()])
 
 
 def stop(state: FederationState, *, timeout: float = 10.0) -> None:
-    """Stop every process of ``state`` (SIGTERM to each process group, then SIGKILL)."""
-    pids = [*state.supernodes.values(), state.superlink_pid]
+    """Stop every process of ``state`` (SIGTERM to each process group, then SIGKILL): the
+    SuperNodes, the Fleet gateway, the SuperLink."""
+    gateway = [state.gateway_pid] if state.gateway_pid else []
+    pids = [*state.supernodes.values(), *gateway, state.superlink_pid]
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)

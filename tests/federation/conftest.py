@@ -116,6 +116,7 @@ def flower_world(
     site_netns: dict[str, tuple[str, str]] | None = None,
     superlink_host: str = "127.0.0.1",
     tls_names: list[str] | None = None,
+    fleet_gateway_on: bool = False,
 ):
     """Seed one site per slug (hospital-a's CSV with the canaries, or ``csvs``: slug → a CSV
     file of the caller's), ingest and grant each dataset, start a SuperLink, a SuperNode per site
@@ -124,7 +125,8 @@ def flower_world(
     ``env``: extra environment of the worker (e.g. ``FRP_ROUND_TIMEOUT``). ``site_netns``: slug →
     (network namespace, SuperLink address seen from it): that site's SuperNode runs in its
     namespace (tests/federation/test_multihost_netns.py); the SuperLink then listens on
-    ``superlink_host`` with a certificate also naming ``tls_names``."""
+    ``superlink_host`` with a certificate also naming ``tls_names``, behind a Fleet gateway when
+    that is not a loopback address or ``fleet_gateway_on`` (tests/federation/test_fleet_gateway.py)."""
     site_netns = site_netns or {}
     from django.contrib.auth import get_user_model
 
@@ -198,6 +200,7 @@ def flower_world(
                 superlink_env=callbacks.serverapp_environment(),
                 host=superlink_host,
                 tls_names=tls_names,
+                fleet_gateway_on=fleet_gateway_on,
             )
             runtime.write_state_control_config(
                 dj_settings.FRP_FLWR_HOME, dj_settings.FRP_FEDERATION_NAME, state

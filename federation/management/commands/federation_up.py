@@ -59,7 +59,12 @@ class Command(BaseCommand):
                     node_id=state.node_ids[site.site],
                 )
         tls = "plain HTTP (development)" if insecure else f"TLS, CA {state.ca_cert}"
+        gateway = (
+            f", Fleet gateway at {state.public_address} (the only address sites dial)"
+            if state.public_address
+            else ""
+        )
         self.stdout.write(
-            f"SuperLink at {state.superlink_address} ({tls}); "
+            f"SuperLink at {state.superlink_address} ({tls}){gateway}; "
             f"SuperNodes: {', '.join(state.supernodes)}."
         )
