@@ -64,7 +64,7 @@ def superlink_public_address() -> str:
     from federation import runtime
 
     try:
-        return runtime.load_state(settings.FRP_FEDERATION_DIR).fleet_address
+        return runtime.load_state(settings.VAR_DIR / "federation").fleet_address
     except runtime.RuntimeError_ as exc:
         raise OnboardingError(
             "no SuperLink address to give sites: set FRP_SUPERLINK_PUBLIC_ADDRESS, or start the "

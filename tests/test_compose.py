@@ -49,7 +49,7 @@ def test_three_sites_each_with_own_store_and_supernode(compose):
         for name in (f"minio-{site}", f"minio-init-{site}", f"supernode-{site}"):
             assert services[name]["profiles"] == [site], name
         assert compose["networks"][site] == {"internal": True}
-        assert set(services[f"supernode-{site}"]["networks"]) == {"default", site}
+        assert set(services[f"supernode-{site}"]["networks"]) == {"fleet", site}
         assert services[f"minio-{site}"]["networks"] == [site]  # reached by its site only
 
 
@@ -174,8 +174,8 @@ def test_tls_on_every_link_no_plain_callback_or_store(resolved):
             assert url.startswith("https://"), (name, url)
     callback = _environment(services["web"])["FRP_CALLBACK_BASE_URL"]
     host = callback.removeprefix("https://").split("/")[0]
-    # The superlink reaches that name on the compose network: the proxy answers it.
-    assert host in services["proxy"]["networks"]["default"]["aliases"]
+    # The superlink reaches that name on its (only) network: the proxy answers it there.
+    assert host in services["proxy"]["networks"]["control"]["aliases"]
     superlink = services["superlink"]
     ca = _environment(superlink)["FRP_CALLBACK_CA_FILE"]
     assert ca in {c["target"] for c in superlink["configs"]}
@@ -270,3 +270,124 @@ def test_compose_parser_refuses_a_broken_file(tmp_path):
     )
     done = _compose(broken, ["*"], "config", "-q")
     assert done.returncode != 0 and "depends_onx" in done.stderr
+
+
+def _networks(svc: dict) -> set[str]:
+    nets = svc.get("networks", ["default"])
+    return set(nets if isinstance(nets, list) else nets.keys())
+
+
+def test_superlink_is_published_nowhere_and_sites_cannot_reach_it(resolved):
+    """ADR 0033: flwr 1.42 serves Fleet, Control (no authentication) and runtime APIs on one port,
+    so the superlink has no ``ports:``, joins only the internal control network, and no site
+    service shares a network with it; the sites' SuperNodes share one with the proxy only."""
+    services = resolved["services"]
+    superlink = services["superlink"]
+    assert "ports" not in superlink
+    assert _networks(superlink) == {"control"}
+    assert resolved["networks"]["control"] == {"internal": True}
+    on_control = {name for name, svc in services.items() if "control" in _networks(svc)}
+    assert on_control == {"superlink", "web", "worker", "proxy"}
+    for name, svc in services.items():
+        if svc["profiles"] != ["portal"]:
+            assert not _networks(svc) & _networks(superlink), name
+    for site in SITES:
+        shared = (
+            {
+                other
+                for other, svc in services.items()
+                if _networks(svc) & _networks(services[f"supernode-{site}"])
+            }
+            - {f"supernode-{s}" for s in SITES}
+            - {f"minio-{site}", f"minio-init-{site}"}
+        )
+        assert shared == {"proxy"}, (site, shared)
+    # The Fleet port is published by the proxy alone, and the control API's only clients (web,
+    # worker) dial the superlink by its compose name on the control network.
+    port = _env_example()["FRP_SUPERLINK_PORT"]
+    published = {
+        name for name, svc in services.items() for p in svc.get("ports", []) if f":{port}" in p
+    }
+    assert published == {"proxy"}
+    # Sites dial the name the gateway answers on the fleet network.
+    assert "superlink" in services["proxy"]["networks"]["fleet"]["aliases"]
+
+
+def _nginx_servers(config: str) -> dict[str, str]:
+    """``listen`` value → the text of that ``server { … }`` block of an nginx configuration."""
+    servers, depth, start = {}, 0, None
+    for m in re.finditer(r"server\s*\{|\{|\}", config):
+        if m.group().startswith("server") and depth == 0:
+            start, depth = m.start(), 1
+            continue
+        if start is None:
+            continue
+        depth += 1 if m.group() == "{" else -1
+        if depth == 0:
+            block = config[start : m.end()]
+            servers[re.search(r"listen\s+([^;]+);", block)[1]] = block
+            start = None
+    return servers
+
+
+def test_proxy_forwards_only_the_fleet_api_to_the_superlink(resolved):
+    nginx = resolved["configs"]["nginx"]["content"]
+    port = _env_example()["FRP_SUPERLINK_PORT"]
+    fleet = _nginx_servers(nginx)[f"{port} ssl"]
+    assert re.findall(r"location\s+(\S+)\s*\{", fleet) == ["/v1/fleet/", "/"]
+    assert re.findall(r"proxy_pass\s+([^;]+);", fleet) == ["https://frp_superlink/v1/fleet/"]
+    assert re.search(r"location / \{\s*return 404;\s*\}", fleet)
+    assert re.search(r"limit_except POST \{\s*deny all;\s*\}", fleet)
+    assert "proxy_ssl_verify on;" in fleet
+    assert re.search(r"upstream frp_superlink \{\s*server superlink:" + port + ";", nginx)
+    # Its TLS files are mounted into the proxy (the SuperLink's certificate and key, the CA).
+    proxy = resolved["services"]["proxy"]
+    mounted = {c["target"] for c in proxy["configs"]} | {
+        f"/run/secrets/{s['target']}" for s in proxy["secrets"]
+    }
+    for path in re.findall(
+        r"(?:ssl_certificate|ssl_certificate_key|_trusted_certificate)\s+([^;]+);", fleet
+    ):
+        assert path in mounted, path
+    # Every other proxy_pass goes to gunicorn: nothing else leads to the superlink.
+    everywhere = re.findall(r"proxy_pass\s+([^;]+);", nginx)
+    assert sorted(everywhere) == sorted(["http://web:8000", "https://frp_superlink/v1/fleet/"])
+
+
+def test_proxy_nginx_config_passes_nginx_t(resolved, tmp_path):
+    """The proxy's configuration, as compose interpolates it, is accepted by Debian's nginx
+    (``nginx -t``), with the container's files replaced by real ones made here and the compose
+    service names pointed at loopback (nginx resolves them while it reads the file)."""
+    import shutil
+
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not Path(nginx).exists():
+        pytest.skip("needs Debian's nginx")
+    from federation import pki
+
+    ca = pki.ca_load_or_create(tmp_path / "pki")
+    leaf = pki.server_certificate_issue(ca, tmp_path / "pki", name="s", hosts=["superlink"])
+    text = resolved["configs"]["nginx"]["content"]
+    for container, real in {
+        "/etc/nginx/certs/portal.crt": leaf.cert,
+        "/etc/nginx/certs/superlink.crt": leaf.cert,
+        "/run/secrets/portal.key": leaf.key,
+        "/run/secrets/superlink.key": leaf.key,
+        "/etc/nginx/certs/ca.crt": ca.cert,
+        "/var/log/nginx/access.log": tmp_path / "access.log",
+        "/srv/static/": tmp_path / "static/",
+    }.items():
+        text = text.replace(container, str(real))
+    text = text.replace("web:8000", "127.0.0.1:8000").replace("superlink:", "127.0.0.1:")
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(
+        f"pid {tmp_path}/nginx.pid;\nevents {{}}\nhttp {{\n{text}\n}}\n", encoding="utf-8"
+    )
+    done = subprocess.run(
+        [nginx, "-t", "-p", f"{tmp_path}/", "-c", str(conf), "-e", str(tmp_path / "e.log")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
