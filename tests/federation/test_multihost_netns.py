@@ -11,7 +11,11 @@ sites. Then:
   host: the SuperLink's database, the portal's database, the logs, the replies and the capture;
 - the capture holds TLS records and no plaintext of the job: no run-config key, no column name,
   no canary;
-- a SuperNode with a key the portal never registered, started in a site's namespace, is refused.
+- a SuperNode with a key the portal never registered, started in a site's namespace, is refused;
+- from a site's namespace only the Fleet gateway answers (ADR 0033): the Control API at the
+  published address is refused (``flwr ls`` fails, a Control path gets the gateway's 404) while
+  the same ``flwr ls`` on the portal's host succeeds, and the SuperLink's own port (loopback on the
+  portal's host) is unreachable.
 
 Needs root (``ip netns``) and tcpdump (Debian's); skipped where either is missing.
 """
@@ -20,10 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -181,6 +187,8 @@ def test_canaries_never_reached_the_portals_host(finished):
         places[wal.name] = wal.read_bytes()
     places["superlink log"] = Path(world.federation.logs["superlink"]).read_bytes()
     places["worker log"] = world.worker_log.read_bytes()
+    for name in ("gateway", "gateway-access"):
+        places[f"{name} log"] = Path(world.federation.logs[name]).read_bytes()
     for path in world.reply_log_dir.glob("*"):
         places[f"reply log {path.name}"] = path.read_bytes()
     places["veth capture"] = capture.read_bytes()
@@ -210,7 +218,7 @@ def test_unregistered_supernode_refused_from_a_site_host(finished, tmp_path):
     ns, ip = hosts["hospital-b"]
     nodekey.key_pair_create(tmp_path / "rogue.key")
     state = world.federation
-    port = state.superlink_address.rpartition(":")[2]
+    port = state.public_address.rpartition(":")[2]
     args = supernode.command(
         f"{ip}:{port}",
         node_config={"site": "hospital-b"},
@@ -234,3 +242,83 @@ def test_unregistered_supernode_refused_from_a_site_host(finished, tmp_path):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     assert "Failed to activate SuperNode" in log.read_text()
+
+
+def _in_netns(ns: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["ip", "netns", "exec", ns, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+    )
+
+
+_PROBE = """
+import http.client, json, socket, ssl, sys
+ip, public, direct, ca = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+out = {}
+def post(path):
+    c = http.client.HTTPSConnection(ip, public, context=ssl.create_default_context(cafile=ca), timeout=30)
+    c.request("POST", path, body=b"", headers={"content-type": "application/protobuf"})
+    r = c.getresponse()
+    return [r.status, r.read().decode(errors="replace")[:300]]
+out["fleet"] = post("/v1/fleet/get-run")
+out["control"] = post("/v1/control/list-runs")
+out["runtime"] = post("/v1/runtime/pull-app-inputs")
+for name, port in (("public_port", public), ("superlink_port", direct)):
+    try:
+        socket.create_connection((ip, port), timeout=10).close()
+        out[name] = "connected"
+    except OSError as exc:
+        out[name] = type(exc).__name__
+print(json.dumps(out))
+"""
+
+
+def _flwr_ls(home: Path, address: str, ca: str, ns: str | None) -> dict:
+    """``flwr ls`` (the real CLI) against ``address``, from namespace ``ns`` or from here."""
+    runtime.write_control_config(home, "probe", address, root_certificates=ca)
+    env = runtime._env(home)
+    cmd = [runtime._bin("flwr"), "ls", "probe", "--format", "json"]
+    done = (
+        _in_netns(ns, *cmd, env=env)
+        if ns
+        else subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False, env=env)
+    )
+    return json.loads(done.stdout)
+
+
+def test_only_the_fleet_gateway_answers_a_site_host(finished):
+    *_, hosts, world = finished
+    ns, ip = hosts["hospital-c"]
+    state = world.federation
+    public = state.public_address.rpartition(":")[2]
+    direct = state.superlink_address.rpartition(":")[2]
+    assert state.superlink_address.startswith("127.0.0.1:")
+
+    done = _in_netns(ns, sys.executable, "-c", _PROBE, ip, public, direct, state.ca_cert)
+
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["public_port"] == "connected"
+    assert seen["superlink_port"] == "ConnectionRefusedError"
+    # Fleet reaches the SuperLink (its node authentication answers); the rest is the gateway's.
+    assert seen["fleet"][0] == 401 and "Invalid SuperNode authentication" in seen["fleet"][1]
+    for api in ("control", "runtime"):
+        assert seen[api][0] == 404 and "nginx" in seen[api][1], (api, seen[api])
+
+
+def test_flwr_ls_fails_from_a_site_host_and_works_on_the_portals(finished, tmp_path):
+    *_, hosts, world = finished
+    ns, ip = hosts["hospital-a"]
+    state = world.federation
+    public = f"{ip}:{state.public_address.rpartition(':')[2]}"
+
+    from_site = _flwr_ls(tmp_path / "site", public, state.ca_cert, ns)
+    from_portal = _flwr_ls(tmp_path / "portal", state.superlink_address, state.ca_cert, None)
+
+    assert from_site["success"] is False, from_site
+    assert from_portal["success"] is True, from_portal
+    assert from_portal["runs"], from_portal  # the job's run, seen only from the portal's host
