@@ -73,6 +73,28 @@ def test_insecure_federation_reached_from_other_hosts_is_refused(tmp_path):
         runtime.start(tmp_path / "federation", [], host="0.0.0.0", insecure=True)  # noqa: S104
 
 
+def test_site_kit_address_is_the_gateways_not_the_superlinks(tmp_path, settings):
+    from federation import onboarding
+
+    settings.VAR_DIR = tmp_path
+    settings.FRP_SUPERLINK_PUBLIC_ADDRESS = ""
+    state = runtime.FederationState(
+        root=str(tmp_path / "federation"),
+        superlink_address="127.0.0.1:40001",
+        superlink_pid=0,
+        gateway_pid=0,
+        public_address="10.1.2.3:40002",
+    )
+    (tmp_path / "federation").mkdir()
+    runtime.save_state(state)
+
+    assert onboarding.superlink_public_address() == "10.1.2.3:40002"
+
+    state.public_address = ""  # a loopback federation: one address
+    runtime.save_state(state)
+    assert onboarding.superlink_public_address() == "127.0.0.1:40001"
+
+
 # ---------------------------------------------------------------------------------------------
 # A real federation behind the gateway
 # ---------------------------------------------------------------------------------------------
