@@ -21,6 +21,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+import numpy as np
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Sum
@@ -356,13 +357,23 @@ def schedule_pass(*, now: datetime | None = None) -> dict[int, scheduling.Decisi
 # ---------------------------------------------------------------------------------------------
 
 
-def duration_estimate(*, model: str, num_rounds: int, local_epochs: int, rows: int) -> float:
-    """Estimated run time in seconds of a job.
+#: A job's fixed cost in seconds (launch, the preparation queries, the closing evaluation) and each
+#: fused round's (train message with the previous model's evaluation, ADR 0032), before any history:
+#: the demo job (5 rounds, 3 sites, 455 rows) posted round 1 at 34.5 s and round 5 at 59.1 s and
+#: ended at 65.2 s, i.e. (59.1 − 34.5) / 4 ≈ 6.2 s a round and 65.2 − 5 × 6.2 ≈ 34 s fixed.
+FIXED_SECONDS = 34.0
+ROUND_SECONDS = 6.2
 
-    Without history: ``20 s + rounds × (12 s + epochs × rows × 2 µs)`` — the round's fixed cost
-    measured here (~3 s of polling plus a process start per message, 5 rounds on 3 sites took
-    ~70 s: DESIGN.md) and training at ~0.5 M example-epochs per second. With at least three
-    finished jobs of the same model, the median of their seconds per round instead.
+
+def duration_estimate(*, model: str, num_rounds: int, local_epochs: int, rows: int) -> float:
+    """Estimated run time in seconds of a job of ``num_rounds`` rounds.
+
+    Without history: ``FIXED_SECONDS + rounds × (ROUND_SECONDS + epochs × rows × 2 µs)``, the
+    fixed and per-round costs measured here (see the constants) plus training at ~0.5 M
+    example-epochs per second. With at least three finished jobs of the same model (the newest
+    20): when their round counts differ, the least-squares line ``seconds = a + b × rounds``
+    through them (``numpy.polyfit``), used when both ``a`` and ``b`` come out positive; otherwise
+    ``FIXED_SECONDS`` plus the median of their seconds per round after the fixed cost.
     """
     history = list(
         FederatedJob.objects.filter(
@@ -375,9 +386,17 @@ def duration_estimate(*, model: str, num_rounds: int, local_epochs: int, rows: i
         .values_list("started_at", "finished_at", "num_rounds")[:20]
     )
     if len(history) >= 3:
-        per_round = sorted((f - s).total_seconds() / max(1, n) for s, f, n in history)
-        return 20.0 + num_rounds * per_round[len(per_round) // 2]
-    return 20.0 + num_rounds * (12.0 + local_epochs * rows * 2e-6)
+        rounds = [max(1, n) for _, _, n in history]
+        seconds = [(f - s).total_seconds() for s, f, _ in history]
+        if len(set(rounds)) >= 2:
+            slope, intercept = np.polyfit(rounds, seconds, 1)
+            if slope > 0 and intercept > 0:
+                return float(intercept + slope * num_rounds)
+        per_round = sorted(
+            max(0.0, t - FIXED_SECONDS) / n for t, n in zip(seconds, rounds, strict=True)
+        )
+        return FIXED_SECONDS + num_rounds * per_round[len(per_round) // 2]
+    return FIXED_SECONDS + num_rounds * (ROUND_SECONDS + local_epochs * rows * 2e-6)
 
 
 def policy_estimates(
