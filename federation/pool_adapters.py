@@ -391,6 +391,3 @@ class SlurmAdapter(PoolAdapter):
     def read(self) -> Reading:
         partition_text, nodes_text = self.outputs()
         return reading_from_output(self.partition, partition_text, nodes_text, read_at=self.clock())
-
-
-ADAPTERS = {"static": "Static (the figures on this page)", "slurm": "Slurm partition"}

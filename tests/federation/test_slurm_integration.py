@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -101,7 +102,7 @@ def _reading(text_partition: str, text_nodes: str):
     return replace(r, read_at=_EPOCH)
 
 
-_EPOCH = pool_adapters._now().replace(year=2000)
+_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 def check_recorded(name: str, real: str) -> None:
