@@ -12,6 +12,9 @@ is keyed by the site's first pool (by id) with its other pools as ``alternatives
 scheduler picks the pool that meets the request (``scheduling.scheduler.pool_choices``) and
 ``job_launch`` records it on the ``JobSite`` (``pool_of_sites``). A running job holds the pool
 recorded on its ``JobSite`` (the site's first pool for a row without one).
+A pool read from a batch system (``ComputePool.adapter``, ADR 0034) gives the scheduler its last
+stored reading (``pool_capacity``): fewer usable cores when nodes are down or busy, ``NodeDown``
+when none is usable, the read failed or is stale.
 Grid: ``FRP_SCHED_STEP_SECONDS`` (default 300 s) over ``FRP_SCHED_HORIZON_HOURS`` (default 168 h).
 """
 
@@ -21,6 +24,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+import numpy as np
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Sum
@@ -123,11 +127,62 @@ def pool_series(pool: ComputePool, *, start: datetime, steps: int, step_s: float
     return {"available": available, "foreign_available": foreign, "price": price, "carbon": carbon}
 
 
-def _scheduling_pool(pool: ComputePool, series: dict) -> scheduling.Pool:
+def reading_max_age() -> timedelta:
+    """How old a batch system's reading may be before the pool counts as down
+    (``FRP_POOL_READING_MAX_AGE_SECONDS``, default 900 s: three refreshes of the beat task)."""
+    return timedelta(seconds=float(getattr(settings, "FRP_POOL_READING_MAX_AGE_SECONDS", 900)))
+
+
+def pool_capacity(
+    pool: ComputePool, *, now: datetime
+) -> tuple[scheduling.Resources, scheduling.Resources | None, bool, str]:
+    """``(capacity, usable, online, down_reason)`` of a pool for the scheduler.
+
+    Static adapter: the pool's figures, all usable, online unless its SuperNode is offline.
+    Slurm adapter: the pool's figures are the most it lends; ``capacity`` is the smaller of them
+    and the partition's total (jobs beyond it are refused), ``usable`` the smaller of them and
+    what the partition's usable nodes have free (jobs beyond it wait); the pool is down when the
+    last read failed or found no usable node (its reason), is older than ``reading_max_age()``,
+    or was never made.
+    """
+    lent = scheduling.Resources(pool.cores, float(pool.memory_gib), pool.gpus)
+    online = pool.node_online is not False
+    reason = "" if online else "SuperNode offline"
+    if pool.adapter != "slurm":
+        return lent, None, online, reason
+    from federation.pool_adapters import Capacity
+
+    def smaller(c: Capacity) -> scheduling.Resources:
+        return scheduling.Resources(
+            min(lent.cores, c.cores),
+            min(lent.memory_gib, c.memory_gib),
+            min(lent.gpus, c.gpu_count(pool.gpu_model)),
+        )
+
+    total = Capacity.from_json(pool.reading.get("total") or {})
+    free = Capacity.from_json(pool.reading.get("free") or {})
+    where = f"Slurm partition {pool.slurm_partition}"
+    if pool.read_at is None:
+        return lent, scheduling.Resources(), False, f"{where} not read yet"
+    if now - pool.read_at > reading_max_age():
+        age = int((now - pool.read_at).total_seconds() // 60)
+        problem = f"{where} last read {age} min ago"
+        return lent, scheduling.Resources(), False, problem
+    if pool.health != "up":
+        return lent, scheduling.Resources(), False, f"{where} {pool.health}: {pool.health_reason}"
+    if not pool.reading.get("total"):
+        return lent, scheduling.Resources(), False, f"{where}: no capacity read"
+    return smaller(total), smaller(free), online, reason
+
+
+def _scheduling_pool(pool: ComputePool, series: dict, now: datetime) -> scheduling.Pool:
+    capacity, usable, online, down_reason = pool_capacity(pool, now=now)
     return scheduling.Pool(
         id=pool.pk,
         institution=pool.site.institution.slug,
-        capacity=scheduling.Resources(pool.cores, float(pool.memory_gib), pool.gpus),
+        capacity=capacity,
+        usable=usable,
+        down_reason=down_reason,
         slots=pool.slots,
         gpu_model=pool.gpu_model,
         available=series["available"],
@@ -139,7 +194,7 @@ def _scheduling_pool(pool: ComputePool, series: dict) -> scheduling.Pool:
         gpu_weight=float(pool.gpu_weight),
         watts_per_core=pool.watts_per_core,
         watts_per_gpu=pool.watts_per_gpu,
-        online=pool.node_online is not False,
+        online=online,
         demand_pricing=(
             scheduling.DemandPricing(pool.demand_elasticity, pool.price_floor, pool.price_cap)
             if pool.demand_pricing
@@ -234,7 +289,7 @@ def snapshot_build(*, now: datetime | None = None, extra: list[scheduling.Job] =
     step, steps = grid()
     site_pools = _pools_of_site()
     pools = [
-        _scheduling_pool(p, pool_series(p, start=now, steps=steps, step_s=step))
+        _scheduling_pool(p, pool_series(p, start=now, steps=steps, step_s=step), now)
         for p in ComputePool.objects.select_related("site__institution").prefetch_related(
             "windows", "exceptions", "price_bands"
         )
@@ -296,7 +351,7 @@ def _explain(d: scheduling.Decision, policy: str = "") -> str:
         scheduling.Reason.PRIORITY: "resources are held for higher-priority jobs",
         scheduling.Reason.WINDOW: "a pool is not lent at this time (availability window)",
         scheduling.Reason.BUDGET: "over budget",
-        scheduling.Reason.NODE_DOWN: "a site's SuperNode is offline",
+        scheduling.Reason.NODE_DOWN: "a pool is down (SuperNode offline or its nodes down)",
         scheduling.Reason.DEADLINE: "cannot finish before its deadline",
         scheduling.Reason.TIME_SHIFT: "waiting for the cheapest / lowest-carbon start",
         scheduling.Reason.QUOTA: "the project's quota on a pool is used up",
@@ -356,13 +411,23 @@ def schedule_pass(*, now: datetime | None = None) -> dict[int, scheduling.Decisi
 # ---------------------------------------------------------------------------------------------
 
 
-def duration_estimate(*, model: str, num_rounds: int, local_epochs: int, rows: int) -> float:
-    """Estimated run time in seconds of a job.
+#: A job's fixed cost in seconds (launch, the preparation queries, the closing evaluation) and each
+#: fused round's (train message with the previous model's evaluation, ADR 0032), before any history:
+#: the demo job (5 rounds, 3 sites, 455 rows) posted round 1 at 34.5 s and round 5 at 59.1 s and
+#: ended at 65.2 s, i.e. (59.1 − 34.5) / 4 ≈ 6.2 s a round and 65.2 − 5 × 6.2 ≈ 34 s fixed.
+FIXED_SECONDS = 34.0
+ROUND_SECONDS = 6.2
 
-    Without history: ``20 s + rounds × (12 s + epochs × rows × 2 µs)`` — the round's fixed cost
-    measured here (~3 s of polling plus a process start per message, 5 rounds on 3 sites took
-    ~70 s: DESIGN.md) and training at ~0.5 M example-epochs per second. With at least three
-    finished jobs of the same model, the median of their seconds per round instead.
+
+def duration_estimate(*, model: str, num_rounds: int, local_epochs: int, rows: int) -> float:
+    """Estimated run time in seconds of a job of ``num_rounds`` rounds.
+
+    Without history: ``FIXED_SECONDS + rounds × (ROUND_SECONDS + epochs × rows × 2 µs)``, the
+    fixed and per-round costs measured here (see the constants) plus training at ~0.5 M
+    example-epochs per second. With at least three finished jobs of the same model (the newest
+    20): when their round counts differ, the least-squares line ``seconds = a + b × rounds``
+    through them (``numpy.polyfit``), used when both ``a`` and ``b`` come out positive; otherwise
+    ``FIXED_SECONDS`` plus the median of their seconds per round after the fixed cost.
     """
     history = list(
         FederatedJob.objects.filter(
@@ -375,9 +440,17 @@ def duration_estimate(*, model: str, num_rounds: int, local_epochs: int, rows: i
         .values_list("started_at", "finished_at", "num_rounds")[:20]
     )
     if len(history) >= 3:
-        per_round = sorted((f - s).total_seconds() / max(1, n) for s, f, n in history)
-        return 20.0 + num_rounds * per_round[len(per_round) // 2]
-    return 20.0 + num_rounds * (12.0 + local_epochs * rows * 2e-6)
+        rounds = [max(1, n) for _, _, n in history]
+        seconds = [(f - s).total_seconds() for s, f, _ in history]
+        if len(set(rounds)) >= 2:
+            slope, intercept = np.polyfit(rounds, seconds, 1)
+            if slope > 0 and intercept > 0:
+                return float(intercept + slope * num_rounds)
+        per_round = sorted(
+            max(0.0, t - FIXED_SECONDS) / n for t, n in zip(seconds, rounds, strict=True)
+        )
+        return FIXED_SECONDS + num_rounds * per_round[len(per_round) // 2]
+    return FIXED_SECONDS + num_rounds * (ROUND_SECONDS + local_epochs * rows * 2e-6)
 
 
 def policy_estimates(

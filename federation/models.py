@@ -107,6 +107,40 @@ class ComputePool(models.Model):
         null=True, blank=True, help_text="Whether the site's SuperNode is online (None: unknown)."
     )
     last_seen_at = models.DateTimeField(null=True, blank=True)
+    # Capacity and health from the pool's adapter (``federation.pool_adapters``).
+    adapter = models.CharField(
+        max_length=16,
+        choices=[("static", "Static (the figures on this page)"), ("slurm", "Slurm partition")],
+        default="static",
+        help_text="Where capacity and health come from: the figures on this page, or a Slurm "
+        "partition read every few minutes (then the figures above are the most the pool lends).",
+    )
+    slurm_partition = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="The Slurm partition whose nodes the pool lends, e.g. batch or gpu.",
+    )
+    slurm_conf = models.CharField(
+        "slurm.conf path",
+        max_length=255,
+        blank=True,
+        help_text="Absolute path of the cluster's slurm.conf on the portal's worker host "
+        "(SLURM_CONF); empty: Slurm's default (/etc/slurm/slurm.conf).",
+    )
+    health = models.CharField(
+        max_length=8,
+        blank=True,
+        choices=[("up", "Up"), ("drained", "Drained"), ("down", "Down")],
+        help_text="Health from the last adapter read (empty: not read yet).",
+    )
+    health_reason = models.TextField(blank=True)
+    read_at = models.DateTimeField(null=True, blank=True, help_text="Time of the last read.")
+    reading = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Capacity of the last successful read: total and free cores, GiB, GPUs by "
+        "model, nodes and nodes up (pool_adapters.Reading.to_json); empty after a failed read.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -124,6 +158,10 @@ class ComputePool(models.Model):
             models.CheckConstraint(
                 condition=models.Q(price_floor__lte=models.F("price_cap")),
                 name="pool_price_floor_le_cap",
+            ),
+            models.CheckConstraint(
+                condition=~models.Q(adapter="slurm") | ~models.Q(slurm_partition=""),
+                name="pool_slurm_needs_partition",
             ),
         ]
 

@@ -1,6 +1,7 @@
 """Forms of a compute pool's settings, edited by its institution's admins: resources, lending
 calendar (weekly windows and dated exceptions), time-of-use price bands with demand-pricing
-bounds, carbon-intensity source and power draw (issue 15 point 1)."""
+bounds, carbon-intensity source and power draw (issue 15 point 1), and the adapter that reads
+capacity and health (static, or a Slurm partition: point 6)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from django import forms
 from django.forms import inlineformset_factory
 
 from federation.models import AvailabilityException, AvailabilityWindow, ComputePool, PriceBand
+from federation.pool_adapters import PARTITION_RE
 
 
 class ComputePoolForm(forms.ModelForm):
@@ -38,6 +40,9 @@ class ComputePoolForm(forms.ModelForm):
             "carbon_zone",
             "watts_per_core",
             "watts_per_gpu",
+            "adapter",
+            "slurm_partition",
+            "slurm_conf",
         ]
         help_texts = {
             "cpu_weight": "Service units per core-hour (Slurm TRESBillingWeights).",
@@ -50,6 +55,13 @@ class ComputePoolForm(forms.ModelForm):
             "watts_per_core": "Power draw of one busy core, to turn metered CPU seconds into energy.",
             "watts_per_gpu": "Power draw of one busy GPU.",
         }
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["adapter"].required = False  # absent: the static adapter
+
+    def clean_adapter(self):
+        return self.cleaned_data.get("adapter") or "static"
 
     def clean_time_zone(self):
         tz = self.cleaned_data["time_zone"]
@@ -68,6 +80,23 @@ class ComputePoolForm(forms.ModelForm):
             self.add_error("carbon_zone", "A provider source needs a provider and a zone.")
         if cleaned.get("gpus") and not cleaned.get("gpu_model"):
             self.add_error("gpu_model", "Name the GPU model of the pool's GPUs.")
+        if cleaned.get("adapter") == "slurm":
+            partition = (cleaned.get("slurm_partition") or "").strip()
+            if not partition:
+                self.add_error("slurm_partition", "A Slurm pool needs the partition to read.")
+            elif not PARTITION_RE.match(partition):
+                self.add_error(
+                    "slurm_partition",
+                    "Letters, digits, dot, dash and underscore only, as in slurm.conf's "
+                    "PartitionName.",
+                )
+            else:
+                cleaned["slurm_partition"] = partition
+        conf = (cleaned.get("slurm_conf") or "").strip()
+        if conf and (not conf.startswith("/") or "\x00" in conf or ".." in conf.split("/")):
+            self.add_error(
+                "slurm_conf", "An absolute path without '..', e.g. /etc/slurm/slurm.conf."
+            )
         return cleaned
 
 

@@ -19,7 +19,8 @@ REASONS = {
     "Priority": "Resources are held for jobs of higher priority (reserved or started first).",
     "Window": "A pool of the job is not lent at this time; it starts when the window opens.",
     "Budget": "The estimated cost exceeds the project's remaining budget.",
-    "NodeDown": "The SuperNode of one of the job's sites is offline.",
+    "NodeDown": "A pool of the job is down: its site's SuperNode is offline, or its batch "
+    "system's nodes are down or drained (or could not be read).",
     "DeadlineUnreachable": "The earliest possible end is after the job's deadline.",
     "TimeShift": "Waiting for the cheapest or lowest-carbon start before the deadline.",
     "Quota": "The project's quota on a pool is in use by its other jobs.",
@@ -127,3 +128,13 @@ def carbon_readings_recent(*, pool: ComputePool, limit: int = 48):
     """The pool's readings from an hour ago on, oldest first (at most ``limit``)."""
     since = timezone.now() - timedelta(hours=1)
     return list(CarbonReading.objects.filter(pool=pool, at__gte=since).order_by("at")[:limit])
+
+
+def reading_stale(*, pool: ComputePool) -> bool:
+    """Whether the pool's last adapter reading is too old to count (``admission.reading_max_age``;
+    the scheduler then treats the pool as down). Static pools are never stale."""
+    from federation.admission import reading_max_age
+
+    if pool.adapter == "static" or pool.read_at is None:
+        return False
+    return timezone.now() - pool.read_at > reading_max_age()

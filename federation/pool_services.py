@@ -1,13 +1,15 @@
 """Writes of compute pools: settings and calendars by the institution's admins, carbon readings
-(CSV upload or a provider's forecast), and health from the SuperLink. Each write is one
-transaction with its audit event."""
+(CSV upload or a provider's forecast), health from the SuperLink, and capacity and health read by
+the pool's adapter (``federation.pool_adapters``). Each write is one transaction with its audit
+event (an adapter read audits only a change of health)."""
 
 from __future__ import annotations
 
 from django.conf import settings
-from django.db import transaction
+from django.db import models, transaction
+from django.utils import timezone
 
-from federation import carbon, superlink
+from federation import carbon, pool_adapters, superlink
 from federation.models import CarbonReading, ComputePool
 from portal.permissions import can
 from portal.services import audit_record
@@ -52,7 +54,12 @@ def pool_update(*, by, pool: ComputePool, form, formsets: list) -> ComputePool:
     """Save a valid ``ComputePoolForm`` and its inline formsets (windows, price bands,
     exceptions) together, with one audit event listing the changed fields."""
     _check(by, pool)
-    pool = form.save()
+    pool = form.save(commit=False)
+    if {"adapter", "slurm_partition", "slurm_conf"} & set(form.changed_data):
+        # a reading of another partition (or of none) must not stand for this one
+        pool.health, pool.health_reason, pool.read_at, pool.reading = "", "", None, {}
+    pool.save()
+    form.save_m2m()
     for formset in formsets:
         formset.instance = pool
         formset.save()
@@ -138,3 +145,89 @@ def pool_health_refresh(*, conn: superlink.Connection) -> int:
         pool.save(update_fields=["node_online", "last_seen_at"])
         updated += 1
     return updated
+
+
+#: Pools read per periodic refresh, least recently read first (20 × two scontrol calls of at
+#: most FRP_SLURM_TIMEOUT_SECONDS stay below the task's soft time limit).
+READ_BATCH = 20
+
+
+def pool_adapter(pool: ComputePool) -> pool_adapters.PoolAdapter:
+    """The adapter a pool's settings name (``static`` or ``slurm``); raises
+    ``pool_adapters.AdapterError`` for an unusable setting (e.g. a bad partition name)."""
+    if pool.adapter == "slurm":
+        return pool_adapters.SlurmAdapter(
+            partition=pool.slurm_partition,
+            conf=pool.slurm_conf,
+            timeout=float(getattr(settings, "FRP_SLURM_TIMEOUT_SECONDS", 10.0)),
+            scontrol=getattr(settings, "FRP_SLURM_SCONTROL", "scontrol"),
+        )
+    return pool_adapters.StaticAdapter(
+        cores=pool.cores,
+        memory_gib=float(pool.memory_gib),
+        gpus=pool.gpus,
+        gpu_model=pool.gpu_model,
+    )
+
+
+def pool_reading_refresh(*, pool: ComputePool, by=None) -> pool_adapters.Reading | None:
+    """Read ``pool``'s capacity and health through its adapter and store them (``health``,
+    ``health_reason``, ``read_at``, ``reading``); a failed read is stored as health ``down``
+    with the error as its reason and no capacity. Returns the reading (``None`` when it
+    failed). Never raises for the batch system's faults; the read runs outside any transaction
+    (it may take up to the adapter's timeout) and the store is one short update. ``by``: the
+    admin who asked for the read (``PoolError`` unless they manage the pool); ``None`` for the
+    periodic refresh."""
+    if by is not None:
+        _check(by, pool)
+    try:
+        reading = pool_adapter(pool).read()
+    except pool_adapters.AdapterError as exc:
+        reading = None
+        health, reason, stored, at = "down", str(exc), {}, timezone.now()
+    else:
+        health, reason, stored, at = (
+            reading.health.value,
+            reading.reason,
+            reading.to_json(),
+            reading.read_at,
+        )
+    with transaction.atomic():
+        before = (
+            ComputePool.objects.select_for_update()
+            .filter(pk=pool.pk)
+            .values_list("health", "health_reason")
+            .first()
+        )
+        if before is None:  # deleted meanwhile
+            return reading
+        ComputePool.objects.filter(pk=pool.pk).update(
+            health=health, health_reason=reason, read_at=at, reading=stored
+        )
+        if before != (health, reason):
+            audit_record(
+                by=by,
+                action="pool.health",
+                target=pool,
+                institution=pool.institution,
+                adapter=pool.adapter,
+                health=health,
+                reason=reason[:500],
+            )
+    pool.health, pool.health_reason, pool.read_at, pool.reading = health, reason, at, stored
+    return reading
+
+
+def pool_readings_refresh(*, batch: int = READ_BATCH) -> int:
+    """Periodic: read up to ``batch`` pools whose adapter is not static, least recently read
+    first; returns how many were read."""
+    pools = (
+        ComputePool.objects.exclude(adapter="static")
+        .select_related("site__institution")
+        .order_by(models.F("read_at").asc(nulls_first=True), "pk")[:batch]
+    )
+    n = 0
+    for pool in pools:
+        pool_reading_refresh(pool=pool)
+        n += 1
+    return n

@@ -1,5 +1,5 @@
-"""Pages of a compute pool for its institution's admins: settings and calendars (edit), carbon
-CSV upload, the queue with each job's reason, and the calendar plot (availability, price,
+"""Pages of a compute pool for its institution's admins: settings and calendars (edit), the
+adapter's reading (and a read on demand), carbon CSV upload, the queue with each job's reason, and the calendar plot (availability, price,
 carbon intensity and the planned jobs over the coming days)."""
 
 from __future__ import annotations
@@ -82,8 +82,23 @@ def pool_edit(request, pk: int):
             exceptions=exceptions,
             carbon_form=CarbonCsvForm(),
             readings=pool_selectors.carbon_readings_recent(pool=pool),
+            reading_stale=pool_selectors.reading_stale(pool=pool),
         ),
     )
+
+
+@login_required
+@require_POST
+def pool_read(request, pk: int):
+    """Read the pool's capacity and health through its adapter now (the beat task does so every
+    few minutes); a failed read shows as the pool's health, never as an error page."""
+    pool = _pool_or_404(request, pk)
+    reading = pool_services.pool_reading_refresh(pool=pool, by=request.user)
+    if reading is None:
+        messages.error(request, f"The pool could not be read: {pool.health_reason}")
+    else:
+        messages.success(request, f"Pool {pool.name} read: {pool.get_health_display().lower()}.")
+    return redirect("federation:pool_edit", pk=pool.pk)
 
 
 @login_required

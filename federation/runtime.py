@@ -57,6 +57,12 @@ from frp_site import nodekey, supernode
 #: Never passed to a SuperNode: the ServerApp's callback key (see frp_flwr.signing).
 _SERVERAPP_ONLY = (KEY_ENV, KEY_FILE_ENV, STORE_ENV)
 
+#: Every process this module starts carries ``FRP_FEDERATION_ROOT=<root>`` in its environment, and
+#: so does everything those processes start (Flower's SuperExec, ServerApps, ClientApps). flwr 1.42
+#: starts the SuperLink's SuperExec in a session of its own, so a ServerApp is in no process group
+#: ``stop`` signals, and it outlives its SuperLink reparented to init; ``stop`` finds it by this.
+FEDERATION_MARK_ENV = "FRP_FEDERATION_ROOT"
+
 #: flwr 1.42's setting of the SuperExec's task poll interval, in seconds (1.0 when unset).
 SUPEREXEC_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 #: The interval the local federation's SuperExecs poll at (seconds): a task waits 0.1 s on average
@@ -122,11 +128,13 @@ def _bin(name: str) -> str:
 
 
 def _env(flwr_home: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The process environment: ours without the ServerApp-only variables, plus ``extra``."""
+    """The process environment: ours without the ServerApp-only variables, plus ``extra`` and
+    the federation's mark (:data:`FEDERATION_MARK_ENV`: ``flwr_home``'s parent, the root)."""
     flwr_home.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(flwr_home, 0o700)
     env = {k: v for k, v in os.environ.items() if k not in _SERVERAPP_ONLY}
     env.update(extra or {})
+    env[FEDERATION_MARK_ENV] = str(flwr_home.parent)
     # Flower starts its own helpers (flower-superexec, …) by name: put this environment first.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.update({"FLWR_HOME": str(flwr_home), "FLWR_TELEMETRY_ENABLED": "0"})
@@ -533,6 +541,25 @@ def load_state(root: Path) -> FederationState:
     return FederationState(**json.loads(path.read_text()))
 
 
+def _end_marked(root: str, timeout: float) -> None:
+    """SIGTERM to every process marked with ``root``, SIGKILL to those left after ``timeout`` s."""
+    stray = marked_processes(root)
+    for pid in stray:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while stray and time.monotonic() < deadline:
+        for pid in stray:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+        stray = [pid for pid in stray if pid in marked_processes(root)]
+        if stray:
+            time.sleep(0.1)
+    for pid in stray:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -547,9 +574,30 @@ def is_running(state: FederationState) -> bool:
     return all(_alive(p) for p in [state.superlink_pid, *gateway, *state.supernodes.values()])
 
 
+def marked_processes(root: str | Path) -> list[int]:
+    """Pids of the live processes whose environment carries this federation's mark
+    (``FRP_FEDERATION_ROOT=<root>``, read from ``/proc/<pid>/environ``): everything the federation
+    at ``root`` started, at any depth, reparented or not. Empty where there is no ``/proc``."""
+    needle = f"{FEDERATION_MARK_ENV}={root}".encode()
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:  # gone, or not ours to read
+                continue
+            if needle in environ.split(b"\0"):
+                found.append(int(entry.name))
+    return found
+
+
 def stop(state: FederationState, *, timeout: float = 10.0) -> None:
-    """Stop every process of ``state`` (SIGTERM to each process group, then SIGKILL): the
-    SuperNodes, the Fleet gateway, the SuperLink."""
+    """Stop every process of ``state``: the SuperNodes, the Fleet gateway and the SuperLink (SIGTERM
+    to each process group, then SIGKILL after ``timeout`` s); then the same to every process still
+    carrying the federation's mark (``marked_processes``), such as a ServerApp whose SuperExec ran
+    in a session of its own."""
     gateway = [state.gateway_pid] if state.gateway_pid else []
     pids = [*state.supernodes.values(), *gateway, state.superlink_pid]
     for pid in pids:
@@ -566,6 +614,7 @@ def stop(state: FederationState, *, timeout: float = 10.0) -> None:
                 os.killpg(pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
+    _end_marked(state.root, timeout)
     path = Path(state.root) / "federation.json"
     if path.exists():
         path.unlink()

@@ -27,11 +27,14 @@ def job_reconcile_all_task() -> None:
 
 @shared_task(name="federation.pools_refresh", acks_late=True, ignore_result=True)
 def pools_refresh_task() -> None:
-    """Periodic: each pool's SuperNode health from the SuperLink, and the carbon forecast of
-    pools whose source is a provider (a failing source is logged and skipped)."""
+    """Periodic: each pool's SuperNode health from the SuperLink, capacity and health of pools
+    read from a batch system (Slurm; a failed read marks the pool down with its reason), and the
+    carbon forecast of pools whose source is a provider (a failing source is logged and
+    skipped)."""
     from federation import carbon, pool_services
     from federation.models import ComputePool
 
+    pool_services.pool_readings_refresh()
     try:
         pool_services.pool_health_refresh(conn=services.superlink_connection())
     except superlink.SuperLinkError as exc:

@@ -25,6 +25,7 @@ urlpatterns = [
     path("sites/<int:site_pk>/pools/new/", pool_views.pool_create, name="pool_create"),
     path("pools/<int:pk>/", pool_views.pool_edit, name="pool_edit"),
     path("pools/<int:pk>/carbon/", pool_views.pool_carbon_upload, name="pool_carbon_upload"),
+    path("pools/<int:pk>/read/", pool_views.pool_read, name="pool_read"),
     path("pools/<int:pk>/queue/", pool_views.pool_queue, name="pool_queue"),
     path("pools/<int:pk>/calendar/", pool_views.pool_calendar, name="pool_calendar"),
     path("pools/<int:pk>/calendar.json", pool_views.pool_calendar_json, name="pool_calendar_json"),

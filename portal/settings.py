@@ -234,6 +234,8 @@ CELERY_TASK_TIME_LIMIT = 660
 _RECONCILE_SECONDS = env.float("FRP_RECONCILE_SECONDS", default=5.0)
 _LEDGER_CHECKPOINT_SECONDS = env.float("FRP_LEDGER_CHECKPOINT_SECONDS", default=60.0)
 _ACCOUNTING_SWEEP_SECONDS = env.float("FRP_ACCOUNTING_SWEEP_SECONDS", default=300.0)
+# Pools: SuperNode health, batch-system readings (Slurm) and provider carbon forecasts.
+_POOLS_REFRESH_SECONDS = env.float("FRP_POOLS_REFRESH_SECONDS", default=300.0)
 CELERY_BEAT_SCHEDULE = {
     "federation-reconcile": {
         "task": "federation.job_reconcile_all",
@@ -241,11 +243,11 @@ CELERY_BEAT_SCHEDULE = {
         # a tick not started before the next one is due is dropped: no backlog behind slow ticks
         "options": {"expires": _RECONCILE_SECONDS},
     },
-    # Pools: SuperNode health and provider carbon forecasts (issue 15).
+    # Pools: SuperNode health, Slurm readings and provider carbon forecasts (issue 15).
     "federation-pools-refresh": {
         "task": "federation.pools_refresh",
-        "schedule": 300.0,
-        "options": {"expires": 300},
+        "schedule": _POOLS_REFRESH_SECONDS,
+        "options": {"expires": _POOLS_REFRESH_SECONDS},
     },
     # Close last month's invoices; hourly so a missed tick is caught up (the task is idempotent).
     "accounting-invoice-close": {
@@ -370,6 +372,13 @@ FRP_REPLY_LOG_DIR = env.str("FRP_REPLY_LOG_DIR", default="")
 # The scheduler's plan (federation.admission): grid step and horizon.
 FRP_SCHED_STEP_SECONDS = env.float("FRP_SCHED_STEP_SECONDS", default=300.0)
 FRP_SCHED_HORIZON_HOURS = env.float("FRP_SCHED_HORIZON_HOURS", default=168.0)
+# Pools read from Slurm (federation.pool_adapters): the scontrol program, seconds per call, and
+# how old a reading may be before the pool counts as down (default: three refreshes).
+FRP_SLURM_SCONTROL = env.str("FRP_SLURM_SCONTROL", default="scontrol")
+FRP_SLURM_TIMEOUT_SECONDS = env.float("FRP_SLURM_TIMEOUT_SECONDS", default=10.0)
+FRP_POOL_READING_MAX_AGE_SECONDS = env.float(
+    "FRP_POOL_READING_MAX_AGE_SECONDS", default=3 * _POOLS_REFRESH_SECONDS
+)
 # Carbon-intensity providers of pools whose source is a provider (federation.carbon).
 FRP_CARBON_ELECTRICITYMAPS_URL = env.str(
     "FRP_CARBON_ELECTRICITYMAPS_URL", default="https://api.electricitymap.org"

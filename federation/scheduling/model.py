@@ -89,7 +89,11 @@ class Pool:
     step, currency per service unit per hour; service units per hour of a job =
     ``cpu_weight·cores + memory_weight·GiB + gpu_weight·GPUs`` (Slurm TRESBillingWeights).
     ``carbon``: per step, gCO2e/kWh. ``watts_per_core`` / ``watts_per_gpu``: power draw used to
-    turn reserved seconds into energy.
+    turn reserved seconds into energy. ``usable``: what of ``capacity`` is usable over the
+    horizon (a batch system's reading: its nodes down or busy with its own jobs; ``None`` = all):
+    jobs wait for it (``Resources``) but are refused only beyond ``capacity``. ``online``: False
+    when the pool cannot take work (SuperNode offline, batch system's nodes down), with
+    ``down_reason`` in a waiting job's detail (reason ``NodeDown``).
     """
 
     id: int
@@ -108,6 +112,8 @@ class Pool:
     watts_per_gpu: float = 250.0
     online: bool = True
     demand_pricing: DemandPricing | None = None
+    usable: Resources | None = None
+    down_reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -122,7 +122,11 @@ class _Profile:
             dtype=float,
         ).reshape(len(pools), 4)
         self.cap_rows = self.cap.tolist()
-        self.free = np.repeat(self.cap[:, :, None], T, axis=2)
+        usable = self.cap.copy()
+        for i, p in enumerate(pools):
+            if p.usable is not None:  # a batch system's reading: the rest is not lent now
+                usable[i, 1:] = np.minimum(usable[i, 1:], p.usable.vector()[1:])
+        self.free = np.repeat(usable[:, :, None], T, axis=2)
         self.avail = np.array(
             [_series(p.available, T, 1.0) > 0.5 for p in pools], dtype=bool
         ).reshape(len(pools), T)
@@ -463,7 +467,10 @@ def schedule(snapshot: Snapshot, config: Config | None = None) -> list[Decision]
         policy = job.policy if config.order != "fifo" else Policy.ASAP
         down = [p for p, i in zip(req.pids, req.idx, strict=True) if not prof.online[i]]
         if down:
-            detail = "SuperNode offline at pool(s) " + ", ".join(map(str, down))
+            detail = "; ".join(
+                f"pool {p}: {prof.pools[prof.index[p]].down_reason or 'SuperNode offline'}"
+                for p in down
+            )
             decisions.append(decide(req, prio, Action.WAIT, Reason.NODE_DOWN, None, detail=detail))
             continue
         if not config.backfill and blocked.intersection(job.demands):

@@ -190,3 +190,52 @@ def test_gpu_and_cpu_jobs_go_to_the_pool_of_their_site_that_meets_them(
     too_big = launch(world, schedule={"cores": 2, "gpus": 2})
     assert too_big.status == JobStatus.FAILED
     assert "less than the job asks for" in too_big.status_detail
+
+
+def _finished(project, model, rounds, seconds, now):
+    from tests.factories import BillingJobFactory
+
+    return BillingJobFactory(
+        project=project,
+        model=model,
+        num_rounds=rounds,
+        started_at=now - timedelta(seconds=seconds),
+        finished_at=now,
+    )
+
+
+def test_duration_estimate_without_history_uses_the_measured_fixed_and_round_costs(world):
+    from federation.admission import duration_estimate
+
+    # 34 s fixed + 5 × (6.2 s + 1 epoch × 455 rows × 2 µs) = 34 + 5 × 6.20091 = 65.00455 s
+    assert duration_estimate(model="logreg", num_rounds=5, local_epochs=1, rows=455) == (
+        pytest.approx(65.00455)
+    )
+
+
+def test_duration_estimate_fits_a_line_through_jobs_of_different_lengths(world):
+    """Three finished jobs of 2, 5 and 10 rounds taking 30 s + 6.5 s a round (43, 62.5, 95 s):
+    the line through them gives 30 + 6.5 × 7 = 75.5 s for seven rounds. Seconds per round
+    alone (the median of 21.5, 12.5, 9.5) would have said 20 + 7 × 12.5 = 107.5 s."""
+    from federation.admission import duration_estimate
+
+    now = timezone.now()
+    for rounds in (2, 5, 10):
+        _finished(world["project"], "logreg", rounds, 30 + 6.5 * rounds, now)
+    _finished(world["project"], "mlp", 3, 500, now)  # another model's history is not used
+    assert duration_estimate(model="logreg", num_rounds=7, local_epochs=1, rows=100) == (
+        pytest.approx(75.5)
+    )
+
+
+def test_duration_estimate_with_one_round_count_takes_the_median_after_the_fixed_cost(world):
+    """Three 4-round jobs of 54, 58 and 90 s: after the 34 s fixed cost 5, 6 and 14 s a round,
+    median 6 s, so six rounds are estimated at 34 + 6 × 6 = 70 s."""
+    from federation.admission import duration_estimate
+
+    now = timezone.now()
+    for seconds in (54, 58, 90):
+        _finished(world["project"], "logreg", 4, seconds, now)
+    assert duration_estimate(model="logreg", num_rounds=6, local_epochs=1, rows=100) == (
+        pytest.approx(70.0)
+    )

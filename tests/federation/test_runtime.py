@@ -8,6 +8,10 @@ the real SuperExec processes of a real SuperLink and SuperNode (``/proc/<pid>/en
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -83,3 +87,58 @@ def test_superexec_processes_poll_at_the_interval_given(tmp_path, monkeypatch, p
     finally:
         runtime.stop(state)
     assert not runtime.is_running(state)
+
+
+def _wait(condition, bound: float = 60.0) -> bool:
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+def test_stop_ends_a_process_that_escaped_every_process_group(tmp_path):
+    """flwr 1.42's SuperLink starts its SuperExec in a session of its own (``start_new_session``),
+    so a ServerApp is in no group ``stop`` signals; when its SuperLink and SuperExec are gone it
+    lives on, reparented to init (seen after a fault test). Here a stand-in SuperLink started with
+    the runtime's environment starts a grandchild the same way and exits, leaving it an orphan:
+    ``stop`` must end it, and must leave alone a process of another federation root."""
+
+    def detached_grandchild(root: Path) -> int:
+        pidfile = root / "grandchild.pid"
+        code = (
+            "import subprocess, sys; "
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
+            "start_new_session=True); "
+            f"open({str(pidfile)!r}, 'w').write(str(p.pid))"
+        )
+        parent = subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=runtime._env(root / "superlink-home"),
+            start_new_session=True,
+        )
+        parent.wait(timeout=60)
+        return int(pidfile.read_text())
+
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    ours.mkdir()
+    theirs.mkdir()
+    orphan = detached_grandchild(ours)
+    bystander = detached_grandchild(theirs)
+    try:
+        assert runtime.marked_processes(ours) == [orphan]
+        assert os.getpgid(orphan) == orphan  # its own group: killpg of the SuperLink misses it
+        state = runtime.FederationState(
+            root=str(ours), superlink_address="127.0.0.1:1", superlink_pid=orphan + 10**7
+        )
+        runtime.stop(state, timeout=10)
+        assert _wait(
+            lambda: not runtime._alive(orphan) or orphan not in runtime.marked_processes(ours)
+        )
+        assert runtime.marked_processes(ours) == []
+        assert runtime.marked_processes(theirs) == [bystander]
+    finally:
+        for pid in (orphan, bystander):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)

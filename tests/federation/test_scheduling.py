@@ -160,6 +160,40 @@ def test_offline_node_waits_with_node_down():
     assert (d.action, d.reason) == (Action.WAIT, Reason.NODE_DOWN)
 
 
+def test_down_pool_names_its_reason_in_the_node_down_detail():
+    pools = [
+        Pool(1, "a", R(4, 8), online=False, down_reason="Slurm partition frp drained: n1: x"),
+        Pool(2, "b", R(4, 8), online=False),
+    ]
+    d = schedule(snap(pools, [job(1, {1: R(1), 2: R(1)})]))[0]
+    assert (d.action, d.reason) == (Action.WAIT, Reason.NODE_DOWN)
+    assert d.detail == "pool 1: Slurm partition frp drained: n1: x; pool 2: SuperNode offline"
+
+
+def test_usable_part_of_capacity_is_what_jobs_get_and_bigger_jobs_wait_not_refused():
+    # A batch system's reading: 4 of the pool's 8 cores usable (nodes down or busy). A 4-core job
+    # starts; a 1-core job is planned when it ends (step 1); a 6-core job waits with no start
+    # (it fits the capacity, so it is not refused); a 9-core job is refused (beyond the capacity).
+    pools = [Pool(1, "a", R(8, 32), slots=4, usable=R(4, 16))]
+    queued = [
+        job(1, {1: R(4, 4)}, t=0),
+        job(2, {1: R(1, 1)}, t=1),
+        job(3, {1: R(6, 1)}, t=2),
+        job(4, {1: R(9, 1)}, t=3),
+    ]
+    d = by_id(schedule(snap(pools, queued), Config(order="fifo")))
+    assert d[1].action is Action.START
+    assert (d[2].action, d[2].start_s) == (Action.PLAN, at(1))
+    assert (d[3].action, d[3].reason, d[3].start_s) == (Action.WAIT, Reason.RESOURCES, None)
+    assert d[4].action is Action.REFUSE
+
+
+def test_usable_memory_limits_too():
+    pools = [Pool(1, "a", R(8, 32), usable=R(8, 2.0))]
+    d = schedule(snap(pools, [job(1, {1: R(1, 4)})]))[0]
+    assert (d.action, d.reason) == (Action.WAIT, Reason.RESOURCES)
+
+
 def test_quota_per_project_per_pool():
     # Project p may hold 2 cores on pool 1; it runs 2 until step 2, so a new 1-core job waits.
     accounts = {"p": Account("a", quotas={1: R(2, 100, 0)})}
