@@ -24,7 +24,9 @@ from __future__ import annotations
 import pytest
 
 from federation import artifacts
+from federation.models import SiteRoundMetric
 from federation.selectors import job_results
+from frp_flwr import contract
 from portal.models import Membership, Role
 from tests.accounting.job_world import finish, post, running_job
 from tests.factories import UserFactory
@@ -110,3 +112,40 @@ def test_model_card_pooled_counts_come_from_the_released_counts(job):
     assert card["metrics"]["eval_examples"] == "50 + ≤7"
     assert card["metrics"]["pooled"]["examples"] == "50 + ≤7"  # was the exact 50
     assert card["metrics"]["pooled"]["confusion"] == [[30, 0], [0, 20]]  # was 29 and 21
+
+
+def test_a_refused_sites_error_names_its_rows_only_as_released():
+    """A site whose reply claims more rows than its registered dataset version holds is refused
+    with a reason every project member reads on the job page ("Lost in round 1: …"); the reason
+    named the registered rows exactly (196, released as ≈195) and the claimed ones (a buggy
+    site's claim may be its real local count)."""
+    job = running_job(2, rounds=1)
+    version = job.sites.get(site__slug="s1").dataset_version
+    version.row_count = 196
+    version.save(update_fields=["row_count"])
+
+    post(
+        job,
+        "round",
+        round=1,
+        sites={
+            "s0": {"ok": True, "train_examples": 80, "eval_examples": 20},
+            "s1": {"ok": True, "train_examples": 301, "eval_examples": 39},
+        },
+    )
+
+    error = SiteRoundMetric.objects.get(job_site__job=job, job_site__site__slug="s1").error
+    assert "refused" in error and "≈195 rows" in error and "≈300 train" in error
+    assert "196" not in error and "301" not in error
+
+
+def test_the_serverapps_examples_refusal_names_rows_only_as_released():
+    limits = contract.SiteLimits(rows=196)
+
+    problem = contract.examples_problem("train", 301, limits, test_fraction=0.2, classes=2)
+
+    # 196 rows hold 39–40 held-out rows (196 × 0.2 = 39.2 ± 1), so at most 157 train rows
+    assert problem == (
+        "reported ≈300 train examples; the dataset version registered for this site has ≈195 "
+        "rows, so its train split holds at most ≈155"
+    )
