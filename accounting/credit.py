@@ -151,7 +151,8 @@ PI_ROLES = ("project-administration", "supervision")
 SHARE_BASIS = {
     "exact": "exact Shapley value over the whole run",
     "gtg": "GTG-Shapley value over the whole run",
-    "data_volume": "data volume (training examples), as no coalition model could be rebuilt "
+    "data_volume": "data volume (training examples, from the row counts as released), as no "
+    "coalition model could be rebuilt "
     "(secure aggregation hides individual updates; bagged trees, ADR 0023)",
     "pi": "set by the principal investigator",
 }

@@ -109,8 +109,10 @@ class ContributionMethod(models.TextChoices):
 class ContributionScore(models.Model):
     """One site's contribution to one job by one method; ``round`` 0 is the whole run.
 
-    ``raw_value``: the method's value in utility units (median held-out accuracy, ADR 0024);
-    ``share``: the normalised value (non-negative, shares of a job and method sum to 1);
+    ``raw_value``: the method's value in utility units (median held-out accuracy, ADR 0024), for
+    data volume the site's exact training examples;
+    ``share``: the normalised value (non-negative, shares of a job and method sum to 1), for data
+    volume normalised from the released counts (ADR 0036), never from the exact examples;
     ``evaluations``: coalition utilities the method evaluated.
     """
 

@@ -22,7 +22,7 @@ from django.conf import settings
 from federation import method
 from federation.exporters import ExportError, ExportInput, export
 from frp_flwr import checkpoints
-from sandbox.profile import safe_count
+from sandbox.profile import released_total, safe_count
 from sandbox.storage import ObjectStore, StorageError, store_from_url
 
 FORMAT = 1
@@ -142,12 +142,38 @@ def _preparation_shown(preparation: dict | None) -> dict | None:
     return {**preparation, "sites": sites}
 
 
+def _pooled_rows_shown(total: int | None, held_out: list[int]) -> int | str | None:
+    """The pooled held-out rows on the card: the sum of the sites' released counts
+    (``sandbox.profile.released_total``: ``155 + 40 = 195``, ``"195 + ≤7"``), else — no site
+    reported its own — the rule on the total. The rule on the exact total is not enough: less a
+    site's own exact rows it narrows another site's to fewer values than its released count."""
+    if total is None:
+        return None
+    return released_total(held_out) if held_out else safe_count(int(total))
+
+
+def _pooled_metrics_shown(metrics, examples) -> dict | None:
+    """The pooled metrics on the card: ``examples`` as :func:`_pooled_rows_shown`, confusion
+    cells under the profile's rule (``safe_count``): the cells add up to the exact pooled rows."""
+    if not isinstance(metrics, dict):
+        return metrics
+    out = dict(metrics)
+    if "examples" in out:
+        out["examples"] = examples
+    if out.get("confusion"):
+        out["confusion"] = [
+            [safe_count(c) if isinstance(c, int) else c for c in row] for row in out["confusion"]
+        ]
+    return out
+
+
 def model_card(job) -> dict:
     """The model card of a finished ``job`` (shown on its page and downloadable as JSON):
     datasets and versions per site, preprocessing, model, strategy, rounds, metrics, ε (when a
     privacy setting recorded one), contribution, how to load the file. Raises nothing: a part
     that is not there is ``None``."""
     final = job.final_metrics or {}
+    job_sites = list(job.sites.select_related("site", "dataset_version__dataset"))
     sites = [
         {
             "site": js.site.slug,
@@ -156,8 +182,14 @@ def model_card(job) -> dict:
             "status": js.status,
             "rounds_completed": js.rounds_completed,
         }
-        for js in job.sites.select_related("site", "dataset_version__dataset")
+        for js in job_sites
     ]
+    held_out = [
+        int(js.final_metrics["eval_examples"])
+        for js in job_sites
+        if isinstance((js.final_metrics or {}).get("eval_examples"), int)
+    ]
+    pooled_rows = _pooled_rows_shown(final.get("eval_examples"), held_out)
     contribution = final.get("contribution") or {}
     try:
         exportable, why = True, ""
@@ -192,10 +224,8 @@ def model_card(job) -> dict:
             "eval_accuracy": final.get("eval_accuracy"),
             "eval_loss": final.get("eval_loss"),
             # pooled held-out rows: less a site's own, another site's exact rows (finding 5)
-            "eval_examples": None
-            if final.get("eval_examples") is None
-            else safe_count(int(final["eval_examples"])),
-            "pooled": final.get("metrics"),
+            "eval_examples": pooled_rows,
+            "pooled": _pooled_metrics_shown(final.get("metrics"), pooled_rows),
             "baseline": final.get("baseline"),
         },
         "epsilon": float(job.epsilon) if dp_on else None,

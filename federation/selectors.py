@@ -23,7 +23,7 @@ from frp_flwr.contract import SMALL_COUNT
 from portal.models import Membership, Project, ProjectMember, Role, Site
 from sandbox.selectors import stewarded_institution_ids
 from sandbox.sitestore import site_dir
-from sandbox.templatetags.sandbox_tags import disclosed
+from sandbox.templatetags.sandbox_tags import disclosed, disclosed_sum
 
 
 def _visible_jobs(user):
@@ -147,10 +147,11 @@ def job_progress(*, job: FederatedJob, user=None) -> dict:
         s.train_rows = shown_count(last.train_examples if last else None, exact=exact[s.site.slug])
         s.test_rows = shown_count(last.eval_examples if last else None, exact=exact[s.site.slug])
     percent = 100 if job.status == "completed" else int(100 * len(rounds) / max(job.num_rounds, 1))
+    held_out = site_held_out(sites, last={s.pk: s.last_round for s in sites})
     return {
         "rounds": rounds,
         "sites": sites,
-        "final_metrics": _final_metrics_shown(job.final_metrics, exact),
+        "final_metrics": _final_metrics_shown(job.final_metrics, exact, held_out),
         "percent": min(percent, 100),
         "lost": lost,
         "chart": {
@@ -162,14 +163,66 @@ def job_progress(*, job: FederatedJob, user=None) -> dict:
     }
 
 
-def _final_metrics_shown(final: dict, exact: dict[str, bool]) -> dict:
+def site_held_out(sites, *, last: dict | None = None) -> list[int]:
+    """Each site's held-out rows in the final evaluation (``JobSite.final_metrics``), else — when
+    no site reported one — in its last round (``last``: ``{job site id: SiteRoundMetric}``):
+    what a pooled held-out total is the sum of."""
+    final = [
+        int(js.final_metrics["eval_examples"])
+        for js in sites
+        if isinstance((js.final_metrics or {}).get("eval_examples"), int)
+    ]
+    if final or last is None:
+        return final
+    return [m.eval_examples for m in last.values() if m is not None and m.ok]
+
+
+def pooled_shown(total: int | None, site_counts: list[int], *, exact: bool) -> int | str | None:
+    """A pooled held-out total as ``exact`` (a steward of every site) or, for everyone else, the
+    sum of the sites' released counts (``disclosed_sum``; the rule on the exact total if no site
+    count is known). The rule on the exact total is not enough: less one's own site's exact rows
+    it narrows the other's to fewer values than its own released count, often to one."""
+    if total is None or exact:
+        return total
+    return disclosed_sum(site_counts) if site_counts else disclosed(total)
+
+
+def cell_shown(count, *, exact: bool):
+    """A confusion-matrix cell as ``exact`` viewers see it (1–7 as ``"≤ 7"``, :func:`small`) or,
+    for everyone else, under the profile's rule (``disclosed``: ``"≈45"``, ``"≤7"``, ``"0"``):
+    exact cells add up to the held-out rows of the site (or of all sites), which others see only
+    rounded (issue 9, finding 5)."""
+    if exact or not isinstance(count, int):
+        return small(count)
+    return disclosed(count)
+
+
+def metrics_shown(metrics, *, exact: bool, examples) -> dict | None:
+    """A ``Metrics`` document with its ``examples`` replaced by ``examples`` (as shown) and its
+    confusion cells by :func:`cell_shown`; anything else as it is."""
+    if not isinstance(metrics, dict):
+        return metrics
+    out = dict(metrics)
+    if "examples" in out:
+        out["examples"] = examples
+    if out.get("confusion"):
+        out["confusion"] = [[cell_shown(c, exact=exact) for c in row] for row in out["confusion"]]
+    return out
+
+
+def _final_metrics_shown(final: dict, exact: dict[str, bool], held_out: list[int]) -> dict:
     """``job.final_metrics`` without the model, its row counts under :func:`shown_count`: the
-    total held-out rows exact only for a steward of every site, each site's in the contribution
-    only for its own stewards."""
+    total held-out rows (and the pooled metrics' examples and confusion cells) exact only for a
+    steward of every site, else from the sites' released counts (:func:`pooled_shown`), each
+    site's in the contribution only for its own stewards."""
     out = {k: v for k, v in final.items() if k != "model"}
+    every = bool(exact) and all(exact.values())
     if "eval_examples" in out:
-        out["eval_examples"] = shown_count(
-            out["eval_examples"], exact=bool(exact) and all(exact.values())
+        out["eval_examples"] = pooled_shown(out["eval_examples"], held_out, exact=every)
+    if isinstance(out.get("metrics"), dict):
+        examples = out["metrics"].get("examples")
+        out["metrics"] = metrics_shown(
+            out["metrics"], exact=every, examples=pooled_shown(examples, held_out, exact=every)
         )
     contribution = out.get("contribution")
     if isinstance(contribution, dict):
@@ -376,14 +429,14 @@ _CLASSIFICATION_ROWS = [
 _REGRESSION_ROWS = [("rmse", "RMSE"), ("mae", "MAE"), ("r2", "R²")]
 
 
-def _confusion_display(confusion: list, classes: list) -> dict | None:
+def _confusion_display(confusion: list, classes: list, *, exact: bool) -> dict | None:
     if not confusion:
         return None
     labels = classes if len(classes) == len(confusion) else [str(i) for i in range(len(confusion))]
     return {
         "labels": labels,
         "rows": [
-            {"label": label, "cells": [small(c) for c in row]}
+            {"label": label, "cells": [cell_shown(c, exact=exact) for c in row]}
             for label, row in zip(labels, confusion, strict=True)
         ],
     }
@@ -398,8 +451,10 @@ def job_results(*, job: FederatedJob, user=None) -> dict:
     "baseline": dict|None, "below_baseline": bool, "preparation": {"fills": [(feature, text)],
     "notes": [...], "columns": int, "sites": [{"site", "rows", "dropped_target",
     "dropped_rows", "train_rows", "test_rows", "imputed"}]} | None, "chart": {...}}`` —
-    confusion cells of 1–7 as ``"≤ 7"``; each site's preparation counts exact only for ``user``
-    as a data steward of that site, else under the disclosure rule (:func:`shown_count`).
+    confusion cells of 1–7 as ``"≤ 7"`` for a steward of the site (pooled: of every site), else
+    every cell under the disclosure rule (:func:`cell_shown`: a matrix's cells add up to the
+    held-out rows); each site's preparation counts exact only for ``user`` as a data steward of
+    that site, else under the disclosure rule (:func:`shown_count`).
     """
     stewarded = stewarded_institution_ids(user=user) if user is not None else set()
     final = job.final_metrics or {}
@@ -455,9 +510,18 @@ def job_results(*, job: FederatedJob, user=None) -> dict:
         "metrics": metrics,
         "site_names": [slug for slug, _ in site_metrics],
         "confusion": {
-            "pooled": _confusion_display(pooled.get("confusion") or [], classes),
+            "pooled": _confusion_display(
+                pooled.get("confusion") or [],
+                classes,
+                exact=bool(sites) and len(exact_sites) == len(sites),
+            ),
             "sites": [
-                (slug, _confusion_display(m.get("confusion") or [], classes))
+                (
+                    slug,
+                    _confusion_display(
+                        m.get("confusion") or [], classes, exact=slug in exact_sites
+                    ),
+                )
                 for slug, m in site_metrics
                 if m.get("confusion")
             ],

@@ -755,15 +755,18 @@ def _round_problem(job: FederatedJob, js: JobSite, info: contract.SiteRound, rou
     allocated cores."""
     limits = site_limits(js)
     fraction = contract.RunConfig.test_fraction
+    about = contract.about  # the reason reaches the job page: counts as the profile shows them
     if info.train_examples + info.eval_examples > limits.rows:
         return (
-            f"reported {info.train_examples} train + {info.eval_examples} test examples; the "
-            f"dataset version registered for this site has {limits.rows} rows"
+            f"reported {about(info.train_examples)} train + {about(info.eval_examples)} test "
+            f"examples; the dataset version registered for this site has {about(limits.rows)} rows"
         )
     if info.eval_examples:
         lo, hi = contract.held_out_bounds(limits.rows, test_fraction=fraction, classes=limits.rows)
         if not lo <= info.eval_examples <= hi:
-            return f"reported {info.eval_examples} test examples of {limits.rows} rows"
+            return (
+                f"reported {about(info.eval_examples)} test examples of {about(limits.rows)} rows"
+            )
     if round_wall is None:  # a partial round: the time since the job started bounds it
         if job.started_at is None:
             return ""  # never launched by the portal: no clock of its own to compare with
@@ -889,7 +892,8 @@ def _record_contribution(
         for slug, metering in event.sites.items():
             limits = site_limits(sites[slug])
             problem = (
-                f"reported {metering.examples} held-out examples of {limits.rows} rows"
+                f"reported {contract.about(metering.examples)} held-out examples of "
+                f"{contract.about(limits.rows)} rows"
                 if metering.examples > limits.rows
                 else contract.metering_problem(
                     metering.cpu_seconds, metering.wall_seconds, event.wall_seconds or 0.0, limits

@@ -37,6 +37,10 @@ from sandbox.csvformat import (
 SMALL_COUNT = 7
 ROUNDING_BASE = 5
 SUPPRESSED = "≤7"
+#: What a suppressed count stands for where released counts are added up or divided (data-volume
+#: shares, totals): the middle of 1–7, one figure for every suppressed count, so what is computed
+#: from released counts tells nothing the released counts do not (``released_count``).
+SUPPRESSED_STANDS_FOR = 4
 MAX_CATEGORIES = 20
 MAX_TRACKED_DISTINCT = 10_000
 MAX_CATEGORY_LENGTH = 100
@@ -376,6 +380,36 @@ def safe_count(n: int) -> int | str:
     if n <= SMALL_COUNT:
         return SUPPRESSED
     return (n + ROUNDING_BASE // 2) // ROUNDING_BASE * ROUNDING_BASE
+
+
+def released_count(n: int) -> int:
+    """``safe_count(n)`` as a number, for figures computed from counts as released (a site's
+    data-volume share, a pooled total): ``0``, ``SUPPRESSED_STANDS_FOR`` (4) for ``"≤7"``, else
+    ``n`` rounded to the nearest multiple of 5. A ratio or sum of exact counts gives the counts
+    back to whoever knows one of them (``rows_B = share_B / share_A × rows_A``); one of released
+    counts gives back only released counts (issue 9, finding 5)."""
+    shown = safe_count(n)
+    return SUPPRESSED_STANDS_FOR if shown == SUPPRESSED else int(shown)
+
+
+def released_parts(counts: Iterable[int]) -> tuple[int, int]:
+    """``(sum of the released counts that are numbers, how many are "≤7")`` of ``counts``
+    (``safe_count`` of each): a total as researchers may see it is built from these, never from
+    the rule applied to the exact total (the rule on a sum that holds one's own exact count, or
+    on rounds × rows, gives the other count back)."""
+    shown = [safe_count(int(n)) for n in counts]
+    return sum(s for s in shown if s != SUPPRESSED), sum(1 for s in shown if s == SUPPRESSED)
+
+
+def released_total(counts: Iterable[int]) -> int | str:
+    """A total of ``counts`` from their released values (``released_parts``): an ``int`` when none
+    is suppressed (``[157, 39] → 155 + 40 = 195``), ``"≤14"`` when all of two are, ``"195 + ≤7"``
+    for both kinds. Tells nothing the released counts do not."""
+    total, small = released_parts(counts)
+    if not small:
+        return total
+    bound = f"≤{small * SMALL_COUNT}"
+    return f"{total} + {bound}" if total else bound
 
 
 def _sig3(x: float) -> float:

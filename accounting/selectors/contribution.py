@@ -6,10 +6,14 @@ from dataclasses import dataclass, field
 
 from accounting.models import ContributionMethod, ContributionScore, UsageRecord
 from accounting.runs import runs_of
-from federation.models import FederatedJob
-from federation.selectors import shown_count
+from federation.models import FederatedJob, SiteRoundMetric
 from portal.permissions import can
+from sandbox.profile import released_count
 from sandbox.selectors import stewarded_institution_ids
+from sandbox.templatetags.sandbox_tags import disclosed_sum
+
+#: What a figure shown only to a site's own data stewards reads for everyone else.
+HIDDEN = "—"
 
 #: Where a site's contribution share comes from, best first: the job page's chart and "share"
 #: column, the credit statement and the data credits of billing all use the first one present.
@@ -31,6 +35,29 @@ def whole_run_shares(*, job) -> tuple[str, dict[int, float]]:
     return "", {}
 
 
+def volume_rounds(*, job) -> dict[str, list[int]]:
+    """``{site slug: [training examples of each round it completed]}`` of ``job``, by slug then
+    round: what a data-volume contribution counts. One query."""
+    rows = (
+        SiteRoundMetric.objects.filter(job_site__job=job, ok=True)
+        .order_by("job_site__site__slug", "round")
+        .values_list("job_site__site__slug", "train_examples")
+    )
+    out: dict[str, list[int]] = {}
+    for slug, n in rows:
+        out.setdefault(slug, []).append(int(n or 0))
+    return out
+
+
+def released_volume(counts: list[int]) -> int:
+    """A site's data volume as released: the sum over its rounds of the training rows under the
+    profile's rule (``sandbox.profile.released_count``: rounded to 5, ``"≤7"`` counting as 4).
+    Data-volume shares are these over their sum, so a share, or a data credit split by it, gives
+    back no more than the released counts: with exact counts, ``rows_B = share_B / share_A ×
+    rows_A`` gave every site's exact rows to anyone who knows one site's (issue 9, finding 5)."""
+    return sum(released_count(n) for n in counts)
+
+
 @dataclass
 class ContributionRow:
     """One site's line: its main score (exact, GTG or data volume) and the leave-one-out check."""
@@ -44,7 +71,9 @@ class ContributionRow:
     loo_raw: float | None = None
     loo_share: float | None = None
     #: ``raw_value`` as the page shows it: a data-volume raw value is a count of training
-    #: examples (rounds × rows), so exact only for the site's own stewards (``shown_count``)
+    #: examples (rounds × rows), so exact only for the site's own stewards, else the sum of the
+    #: rounds' released rows (``disclosed_sum``: ``"≈775"``, ``"≤35"``), the figure its share is
+    #: computed from
     raw_shown: object = None
 
 
@@ -121,6 +150,7 @@ def job_contribution(*, user, job: FederatedJob) -> JobContribution:
     whole = [s for s in scores if s.round == 0]
     main_method = next((m for m in SHARE_METHODS if any(s.method == m for s in whole)), None)
     loo = {s.site_id: s for s in whole if s.method == ContributionMethod.LOO}
+    volume = volume_rounds(job=job) if main_method == ContributionMethod.DATA_VOLUME else {}
     rows = [
         ContributionRow(
             site=s.site,
@@ -131,7 +161,11 @@ def job_contribution(*, user, job: FederatedJob) -> JobContribution:
             evaluations=s.evaluations,
             loo_raw=loo[s.site_id].raw_value if s.site_id in loo else None,
             loo_share=loo[s.site_id].share if s.site_id in loo else None,
-            raw_shown=shown_count(round(s.raw_value), exact=s.site.institution_id in stewarded)
+            raw_shown=(
+                round(s.raw_value)
+                if s.site.institution_id in stewarded
+                else disclosed_sum(volume.get(s.site.slug, []))
+            )
             if s.method == ContributionMethod.DATA_VOLUME
             else s.raw_value,
         )
@@ -149,12 +183,16 @@ def job_contribution(*, user, job: FederatedJob) -> JobContribution:
         k: sum(getattr(u, k) for u in usage)
         for k in ("cpu_seconds", "wall_seconds", "examples", "bytes_received", "bytes_sent")
     }
-    # A site's examples are rounds × its dataset's rows: exact only for its own stewards, else
-    # under the profile's disclosure rule (hostile re-test of issue 9, finding 5).
+    # A site's examples are rounds × (train + test rows) + test rows: exact only for its own
+    # stewards. The profile's rule applied to that product gives the rows back (5 × 196 = 980 →
+    # "≈980", 980 / 5 = 196), so everyone else sees none (issue 9, finding 5); the
+    # contribution's data volume shows released figures.
     for u in usage:
-        u.examples_shown = shown_count(u.examples, exact=u.site.institution_id in stewarded)
-    totals["examples"] = shown_count(
-        totals["examples"], exact=all(u.site.institution_id in stewarded for u in usage)
+        u.examples_shown = u.examples if u.site.institution_id in stewarded else HIDDEN
+    totals["examples"] = (
+        totals["examples"]
+        if usage and all(u.site.institution_id in stewarded for u in usage)
+        else HIDDEN
     )
     return JobContribution(
         visible=True,

@@ -290,7 +290,7 @@ def credit_draft_lines(*, job) -> list[CreditLine]:
 BASIS_NAMES = {
     "exact": "exact Shapley value over the whole run",
     "gtg": "GTG-Shapley value over the whole run (Liu et al. 2022)",
-    "data_volume": "data volume (training examples)",
+    "data_volume": "data volume (training examples, from the row counts as released)",
 }
 
 

@@ -16,12 +16,11 @@ from collections.abc import Callable
 
 import numpy as np
 from django.db import transaction
-from django.db.models import Sum
 
 from accounting.contribution import exact_shapley, gtg_shapley, leave_one_out, normalise
 from accounting.models import ContributionMethod, ContributionScore
-from accounting.selectors.contribution import volume_basis
-from federation.models import FederatedJob, SiteRoundMetric
+from accounting.selectors.contribution import released_volume, volume_basis, volume_rounds
+from federation.models import FederatedJob
 from frp_flwr.coalitions import EXACT_MAX_SITES, coalition_key
 from portal.ledger.leaves import commitment
 from portal.ledger.services import ledger_append
@@ -56,18 +55,23 @@ def _hidden(job: FederatedJob) -> bool:
     return bool(volume_basis(job))
 
 
-def _scores(job: FederatedJob) -> list[tuple[str, int, list[str], np.ndarray, int]]:
-    """``(method, round, players, raw values, evaluations)`` for every score set of ``job``."""
+Scores = tuple[str, int, list[str], np.ndarray, np.ndarray, int]
+
+
+def _scores(job: FederatedJob) -> list[Scores]:
+    """``(method, round, players, raw values, share basis, evaluations)`` for every score set of
+    ``job``; shares are :func:`normalise` of the basis. The basis is the raw values, except for
+    data volume: a site's exact training examples are its raw value, and the sum of its rounds'
+    released rows (``released_volume``) its basis, so a share tells no more than the released
+    counts (issue 9, finding 5)."""
     if _hidden(job):
-        rows = (
-            SiteRoundMetric.objects.filter(job_site__job=job, ok=True)
-            .values("job_site__site__slug")
-            .annotate(n=Sum("train_examples"))
-            .order_by("job_site__site__slug")
+        volumes = volume_rounds(job=job)
+        players = sorted(volumes)
+        raw = np.array([float(sum(volumes[p])) for p in players])
+        basis = np.array([float(released_volume(volumes[p])) for p in players])
+        return (
+            [(ContributionMethod.DATA_VOLUME, WHOLE_RUN, players, raw, basis, 0)] if players else []
         )
-        players = [r["job_site__site__slug"] for r in rows]
-        raw = np.array([float(r["n"] or 0) for r in rows])
-        return [(ContributionMethod.DATA_VOLUME, WHOLE_RUN, players, raw, 0)] if players else []
     posted = job.final_metrics.get("contribution") or {}
     if not posted or posted.get("error"):
         return []
@@ -77,10 +81,11 @@ def _scores(job: FederatedJob) -> list[tuple[str, int, list[str], np.ndarray, in
     run = table_utility(tables.get(str(WHOLE_RUN), {}))
     out = []
     if n <= EXACT_MAX_SITES:
-        out.append((ContributionMethod.EXACT, WHOLE_RUN, players, exact_shapley(n, run), 1 << n))
+        values = exact_shapley(n, run)
+        out.append((ContributionMethod.EXACT, WHOLE_RUN, players, values, values, 1 << n))
         for rnd in sorted(int(r) for r in tables if int(r) != WHOLE_RUN):
             values = exact_shapley(n, table_utility(tables[str(rnd)]))
-            out.append((ContributionMethod.EXACT, rnd, players, values, 1 << n))
+            out.append((ContributionMethod.EXACT, rnd, players, values, values, 1 << n))
     else:
         for rnd in sorted(int(r) for r in tables):
             estimate = gtg_shapley(
@@ -89,10 +94,10 @@ def _scores(job: FederatedJob) -> list[tuple[str, int, list[str], np.ndarray, in
                 seed=int(posted.get("seed", 0)),
                 max_permutations=int(posted.get("permutations") or 0) or None,
             )
-            out.append(
-                (ContributionMethod.GTG, rnd, players, estimate.values, estimate.evaluations)
-            )
-    out.append((ContributionMethod.LOO, WHOLE_RUN, players, leave_one_out(n, run), n + 1))
+            values = estimate.values
+            out.append((ContributionMethod.GTG, rnd, players, values, values, estimate.evaluations))
+    loo = leave_one_out(n, run)
+    out.append((ContributionMethod.LOO, WHOLE_RUN, players, loo, loo, n + 1))
     return out
 
 
@@ -100,7 +105,8 @@ def contribution_score_job(*, job: FederatedJob) -> list[ContributionScore]:
     """Score every site's contribution to ``job`` from the utilities its ServerApp posted.
 
     Methods (``ContributionMethod``), each stored per site with ``raw_value`` in utility units
-    (median over the sites of held-out accuracy, 0..1) and ``share`` = :func:`normalise` of the raws:
+    (median over the sites of held-out accuracy, 0..1) and ``share`` = :func:`normalise` of the
+    raws (for data volume, of the released counts):
 
     * ``exact`` — Shapley (1953) by enumeration over all ``2^n`` coalitions,
       ``n <= EXACT_MAX_SITES`` (8); round 0 is the whole run (raws sum to v(N) − v(∅),
@@ -110,7 +116,9 @@ def contribution_score_job(*, job: FederatedJob) -> list[ContributionScore]:
       the ServerApp scored (prefixes of the same guided permutations, same seed and permutation
       budget); for the whole run and for each round whose utilities were posted;
     * ``loo`` — leave-one-out v(N) − v(N∖{i}), the cross-check;
-    * ``data_volume`` — training examples per site, used alone when
+    * ``data_volume`` — training examples per site (``raw_value``, exact), its ``share``
+      computed from the rounds' released rows (``released_volume``: the profile's rule, not the
+      exact counts, which a share would give back to anyone knowing one site's), used alone when
       ``job.final_metrics["updates_hidden"]`` says individual updates were hidden (secure
       aggregation), or the job trained bagged trees (``job.model == "xgboost"``, ADR 0023):
       no coalition model can be rebuilt (:func:`volume_basis`).
@@ -129,13 +137,13 @@ def contribution_score_job(*, job: FederatedJob) -> list[ContributionScore]:
         job = FederatedJob.objects.select_for_update().get(pk=job.pk)
         sites = {js.site.slug: js.site for js in job.sites.select_related("site__institution")}
         results = _scores(job)
-        for _, _, players, _, _ in results[:1]:
+        for _, _, players, *_ in results[:1]:
             unknown = [p for p in players if p not in sites]
             if unknown:
                 raise ContributionError(f"contribution names sites outside the job: {unknown}")
         scores, created_any, salts, volume = [], False, {}, {}
-        for method, rnd, players, raw, evaluations in results:
-            shares = normalise(raw)
+        for method, rnd, players, raw, basis, evaluations in results:
+            shares = normalise(basis)
             for slug, value, share in zip(players, raw, shares, strict=True):
                 values = {
                     "raw_value": float(value),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django import template
 from django.contrib.humanize.templatetags.humanize import intcomma
 
-from sandbox.profile import safe_count
+from sandbox.profile import SMALL_COUNT, released_parts, safe_count
 
 register = template.Library()
 
@@ -20,3 +20,17 @@ def disclosed(count) -> str:
     if isinstance(shown, str) or shown == 0:
         return str(shown)
     return f"≈{intcomma(shown)}"
+
+
+def disclosed_sum(counts) -> str:
+    """A sum of counts (``Iterable[int]``: e.g. a site's training rows in each round) as the sum
+    of the counts as researchers see them (``sandbox.profile.released_parts``), never the rule
+    applied to the exact sum (the rule on ``5 × 157 = 785`` shows ``"≈785"``, and 785 / 5 = 157):
+    ``"≈775"`` for five rounds of 157 rows (``≈155`` each), ``"≤35"`` for five rounds of
+    ``"≤7"``, ``"≈775 + ≤7"`` for both, ``"0"`` for none. Tells nothing the released counts do
+    not."""
+    total, small = released_parts(counts)
+    bound = f"≤{intcomma(small * SMALL_COUNT)}"
+    if not total:
+        return bound if small else "0"
+    return f"≈{intcomma(total)} + {bound}" if small else f"≈{intcomma(total)}"

@@ -34,8 +34,8 @@ EXACT_BASIS = (
     "from the sites' logged updates and 3 sites (at most 8) let every coalition be scored"
 )
 SECAGG_BASIS = (
-    "data volume (training examples), because individual updates were hidden by secure "
-    "aggregation, so no coalition model could be rebuilt"
+    "data volume (training examples, from the row counts as released), because individual "
+    "updates were hidden by secure aggregation, so no coalition model could be rebuilt"
 )
 
 

@@ -196,6 +196,8 @@ def test_columns_table_and_results_in_the_browser(live_server, transactional_db,
     assert page.locator('[data-bound="roc_auc"]').inner_text().strip() == "± 0.0021"
     assert "How the data were prepared" in text and "median: 61.5 + missing indicator" in text
     pooled = page.locator(".confusion").first.inner_text()
-    assert "≤ 7" in pooled and "23" in pooled  # 5 and 3 are small: suppressed
+    # the PI stewards neither site: every cell under the profile's rule (ADR 0036), so the cells
+    # do not add up to the exact pooled rows: 23 → ≈25, 9 → ≈10, 5 and 3 suppressed
+    assert "≤7" in pooled and "≈25" in pooled and "≈10" in pooled and "23" not in pooled
     for name in ("job-form-columns.png", "job-results.png"):
         assert (SHOTS / name).stat().st_size > 10_000

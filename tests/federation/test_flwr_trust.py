@@ -235,8 +235,9 @@ def test_a_site_inflating_its_examples_and_seconds_is_refused_and_the_others_go_
     first = portal.of("round")[0]
     entry = first.sites["hospital-c"]
     assert not entry.ok
-    assert "faulty train reply, refused: reported 1000000000000000 train examples" in entry.error
-    assert "registered for this site has 60 rows" in entry.error
+    # counts as the profile shows them: the reason reaches the job page (ADR 0036)
+    assert "faulty train reply, refused: reported ≈1000000000000000 train examples" in entry.error
+    assert "registered for this site has ≈60 rows" in entry.error
     for event in portal.of("round"):
         assert event.train_examples < 10**6
         assert all(s.cpu_seconds < 1e3 and s.train_examples < 10**6 for s in event.sites.values())

@@ -655,8 +655,8 @@ def _hostile_round(job: FederatedJob, **hostile) -> bytes:
     [
         (
             {"train_examples": 10**15, "eval_examples": 10**15},
-            "reported 1000000000000000 train + 1000000000000000 test examples; the dataset "
-            "version registered for this site has 100 rows",
+            "reported ≈1000000000000000 train + ≈1000000000000000 test examples; the dataset "
+            "version registered for this site has ≈100 rows",
         ),
         ({"cpu_seconds": 4e8, "wall_seconds": 3.0}, "CPU seconds for a reply that took 3.5 s"),
         ({"wall_seconds": 4e8}, "wall seconds for a reply that took 3.5 s"),

@@ -248,6 +248,20 @@ TASKS = ("classification", "regression")
 #: The profile's small-count threshold (``sandbox.profile.SMALL_COUNT``): a category held by at
 #: most this many rows at a site is merged into "other" there, and never named.
 SMALL_COUNT = 7
+#: The profile's rounding base (``sandbox.profile.ROUNDING_BASE``).
+ROUNDING_BASE = 5
+
+
+def about(n: int) -> str:
+    """A count as the profile's rule shows it to researchers (``sandbox.profile.safe_count``):
+    ``"0"``, ``"≤7"`` for 1–7, else ``"≈"`` the nearest multiple of 5 (``196 → "≈195"``). Reasons
+    that reach the job page (every project member reads them) name a site's counts this way:
+    its exact rows are for its own stewards (issue 9, finding 5)."""
+    if n <= 0:
+        return str(n)
+    if n <= SMALL_COUNT:
+        return f"≤{SMALL_COUNT}"
+    return f"≈{(n + ROUNDING_BASE // 2) // ROUNDING_BASE * ROUNDING_BASE}"
 
 
 @dataclass(frozen=True)
@@ -1279,8 +1293,8 @@ def examples_problem(
     if num_examples <= hi:
         return ""
     return (
-        f"reported {num_examples} {kind} examples; the dataset version registered for this site "
-        f"has {limits.rows} rows, so its {kind} split holds at most {hi}"
+        f"reported {about(num_examples)} {kind} examples; the dataset version registered for this "
+        f"site has {about(limits.rows)} rows, so its {kind} split holds at most {about(hi)}"
     )
 
 

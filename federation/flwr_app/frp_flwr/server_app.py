@@ -103,6 +103,7 @@ from frp_flwr.contract import (
     SiteSummary,
     Started,
     TrainReply,
+    about,
     encode_event,
     examples_problem,
     finite_or_none,
@@ -1131,10 +1132,10 @@ def _refuse_by_limits(
         if lim is None:
             continue
         if summary.rows != lim.rows or summary.target_missing > summary.rows:
-            faulty[site] = (
-                f"faulty discovery reply, refused: reported {summary.rows} rows "
-                f"({summary.target_missing} without a target); the dataset version registered "
-                f"for this site has {lim.rows} rows"
+            faulty[site] = (  # the reason reaches the job page: counts as the profile shows
+                f"faulty discovery reply, refused: reported {about(summary.rows)} rows "
+                f"({about(summary.target_missing)} without a target); the dataset version "
+                f"registered for this site has {about(lim.rows)} rows"
             )
             found.active.pop(site)
     if len(found.active) < min_sites:
