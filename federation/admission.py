@@ -375,8 +375,9 @@ def schedule_pass(*, now: datetime | None = None) -> dict[int, scheduling.Decisi
     """One scheduler pass over the real queue; returns job id → decision.
 
     Locks every pool row first (passes are serialised), writes each queued job's reason,
-    priority and estimates, fails the REFUSED jobs with the reason. START jobs are left QUEUED:
-    the caller launches them (``job_launch``).
+    priority and estimates (a REFUSED job's too: its reason code and, refused for its budget cap,
+    the cost of its cheapest start); the caller fails the REFUSED jobs with the reason. START
+    jobs are left QUEUED: the caller launches them (``job_launch``).
     """
     list(ComputePool.objects.select_for_update().order_by("pk").values_list("pk", flat=True))
     now = now or timezone.now()
@@ -398,7 +399,10 @@ def schedule_pass(*, now: datetime | None = None) -> dict[int, scheduling.Decisi
         fields = ["sched_reason", "sched_priority", "est_start", "est_end", "est_cost"]
         fields += ["est_energy_kwh", "est_emissions_g"]
         if d.action is scheduling.Action.REFUSE:
-            continue  # the caller refuses it (``services.job_launch``: admission imports no service)
+            # The caller refuses it (``services.job_launch``: admission imports no service); the
+            # reason code and the figures (a cap's cheapest cost) stay on the job for its page.
+            job.save(update_fields=fields)
+            continue
         if d.action is not scheduling.Action.START:
             job.status_detail = _explain(d, job.policy)
             fields.append("status_detail")

@@ -18,7 +18,8 @@ REASONS = {
     "Resources": "The pools' cores, memory, GPUs or slots are taken until running jobs end.",
     "Priority": "Resources are held for jobs of higher priority (reserved or started first).",
     "Window": "A pool of the job is not lent at this time; it starts when the window opens.",
-    "Budget": "The estimated cost exceeds the project's remaining budget.",
+    "Budget": "The estimated cost exceeds the job's budget cap (the job is refused) or the "
+    "project's remaining budget (it waits).",
     "NodeDown": "A pool of the job is down: its site's SuperNode is offline, or its batch "
     "system's nodes are down or drained (or could not be read).",
     "DeadlineUnreachable": "The earliest possible end is after the job's deadline.",

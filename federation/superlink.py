@@ -62,8 +62,10 @@ class RunUnknown(SuperLinkError):
 class RunStatus:
     """A run as the SuperLink reports it. Times in seconds, traffic in bytes (when reported).
 
-    ``raw`` holds the fields of ``flwr ls --format json`` for this run; ``run_config`` the run's
-    config overrides as the SuperLink stored them (``{}`` when not read).
+    ``raw`` holds the fields of ``flwr ls --format json`` for this run (among them the
+    SuperLink's own times ``pending-at``, ``starting-at``, ``running-at``, ``finished-at``: ISO
+    8601 with offset, ``""`` until the run gets there); ``run_config`` the run's config overrides
+    as the SuperLink stored them (``{}`` when not read).
     """
 
     run_id: str
@@ -253,6 +255,9 @@ def _run_statuses(response) -> list[RunStatus]:
             + (f":{run.status.sub_status}" if run.status.sub_status else ""),
             "status-details": run.status.details,
             "pending-at": run.pending_at,
+            "starting-at": run.starting_at,
+            "running-at": run.running_at,
+            "finished-at": run.finished_at,
             "elapsed": elapsed,
             "network-traffic": {
                 "inbound-bytes": int(run.bytes_recv),

@@ -98,6 +98,11 @@ def test_job_over_its_budget_cap_is_refused(world, fake_superlink, launch):
     assert "refused by the scheduler: Budget" in job.status_detail
     assert "above the cap 0.01" in job.status_detail
     assert fake_superlink.submitted == []
+    # the scheduler's word stays on the job: the reason code and the cheapest start's cost
+    assert job.sched_reason == "Budget"
+    assert job.est_cost is not None and job.est_cost > Decimal("0.01")
+    assert f"the cheapest start costs {job.est_cost:.2f}" in job.status_detail
+    assert job.est_start is None
 
 
 def test_job_over_project_budget_waits(world, fake_superlink, launch):

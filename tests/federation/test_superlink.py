@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,23 @@ def test_run_stop_finishes_the_run_as_stopped_with_usage_figures(link):
         "clientapp_seconds",
     }
     assert all(v >= 0 for v in run.usage.values())
+
+
+def test_run_status_carries_the_superlinks_own_times_of_the_run(link):
+    conn, _ = link
+    before = datetime.now(UTC)
+
+    run_id = _start(conn)
+
+    run = wait_for(
+        lambda: (r := superlink.run_status(conn, run_id)).is_finished and r,
+        timeout=60,
+        what="the stopped run to finish",
+    )
+    pending = datetime.fromisoformat(run.raw["pending-at"])
+    finished = datetime.fromisoformat(run.raw["finished-at"])
+    assert before - timedelta(seconds=1) <= pending <= finished <= datetime.now(UTC)
+    assert {"starting-at", "running-at"} <= set(run.raw)  # "" when the run never got there
 
 
 def test_runs_list_is_newest_first_within_its_limit_and_runs_status_finds_older_runs(link):
