@@ -47,7 +47,9 @@ from tests.federation.test_quality_integration import _post_data
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 STEP = 5.0  # seconds: the plan's grid in this module
-OPEN_IN = timedelta(seconds=60)  # from the pools' setup to the window's opening
+OPEN_IN = timedelta(seconds=120)  # from the pools' setup to the window's opening: room for
+# the setup, three submissions and the first pass on a loaded machine (43 s of 60 were spare at load
+# 35, three federations at once in CI load it more), since the jobs must be seen waiting before it
 GAP = timedelta(seconds=20)  # from the opening to the carbon minimum (4 steps)
 LOW_FOR = timedelta(minutes=30)  # how long the minimum lasts
 PRICE = Decimal("100")  # per service unit·hour (one core = one SU per hour)
@@ -209,7 +211,10 @@ def _wait_seen(client, admins, job, reason: str) -> Seen:
         return page, got, row.est_start
 
     page, (code, shown), est_start = wait_for(
-        seen, timeout=60, interval=0.5, what=f"job {job.title!r} to wait with reason {reason}"
+        seen,
+        timeout=OPEN_IN.total_seconds(),
+        interval=0.5,
+        what=f"job {job.title!r} to wait with reason {reason}",
     )
     at = timezone.now()
     queues = [
