@@ -12,6 +12,11 @@ is keyed by the site's first pool (by id) with its other pools as ``alternatives
 scheduler picks the pool that meets the request (``scheduling.scheduler.pool_choices``) and
 ``job_launch`` records it on the ``JobSite`` (``pool_of_sites``). A running job holds the pool
 recorded on its ``JobSite`` (the site's first pool for a row without one).
+
+Preemption (ADR 0035): a running job whose run is being stopped for a preemption is left out of
+the snapshot (its resources are promised to the job it was stopped for), a START on a pool it
+still holds waits for the next pass, and a preempted job waits out of the pass until the job it
+was stopped for has started. ``services.job_launch`` marks and stops the PREEMPT jobs.
 Grid: ``FRP_SCHED_STEP_SECONDS`` (default 300 s) over ``FRP_SCHED_HORIZON_HOURS`` (default 168 h).
 """
 
@@ -230,7 +235,10 @@ def _accounts(projects, now: datetime) -> dict[str, scheduling.Account]:
 
 
 def snapshot_build(*, now: datetime | None = None, extra: list[scheduling.Job] = ()):
-    """The scheduler's snapshot of the federation now (and ``extra`` hypothetical jobs)."""
+    """The scheduler's snapshot of the federation now (and ``extra`` hypothetical jobs).
+
+    Left out: running jobs being stopped for a preemption (``preempt_requested_at``), and queued
+    preempted jobs whose preemptor (``preempted_by``) is still queued (ADR 0035)."""
     now = now or timezone.now()
     step, steps = grid()
     site_pools = _pools_of_site()
@@ -248,9 +256,14 @@ def snapshot_build(*, now: datetime | None = None, extra: list[scheduling.Job] =
     )
     running = []
     queued = []
+    waiting = {j.pk for j in active if j.status == JobStatus.QUEUED}
     for job in active:
         if job.status == JobStatus.QUEUED:
+            if job.preempted_by_id in waiting:
+                continue  # preempted: the job it was stopped for takes the resources first
             queued.append(job_request(job, site_pools))
+        elif job.preempt_requested_at is not None:
+            continue  # its run is being stopped: what it holds is promised to its preemptor
         else:
             started = job.started_at or now
             end = max(
@@ -316,25 +329,86 @@ def _explain(d: scheduling.Decision, policy: str = "") -> str:
     return text
 
 
+def stopping_pools() -> dict[int, set[int]]:
+    """Running jobs whose Flower run is being stopped for a preemption (``preempt_requested_at``
+    set) → the pool ids they still hold until the SuperLink reports the run ended."""
+    site_pools = _pools_of_site()
+    return {
+        job.pk: set(_held(job, site_pools))
+        for job in FederatedJob.objects.filter(
+            status__in=[JobStatus.LAUNCHING, JobStatus.RUNNING], preempt_requested_at__isnull=False
+        ).prefetch_related("sites")
+    }
+
+
+def _hold_until_stopped(
+    decisions: dict[int, scheduling.Decision], snap: scheduling.Snapshot
+) -> None:
+    """Turn each START on a pool that a preempted run still holds into a WAIT (in place).
+
+    The scheduler counts a preempted job's resources as free (PREEMPT decisions of this pass,
+    and runs already being stopped, which ``snapshot_build`` leaves out): they are free only
+    once the SuperLink reports the run ended, so a job starting there waits for the next pass.
+    """
+    held = stopping_pools()
+    demands = {r.id: set(r.demands) for r in snap.running}
+    for d in decisions.values():
+        if d.action is scheduling.Action.PREEMPT:
+            held[d.job_id] = demands.get(d.job_id, set())
+    for job_id, d in list(decisions.items()):
+        if d.action is not scheduling.Action.START:
+            continue
+        waits_for = sorted(pk for pk, pools in held.items() if pools & set(d.pools.values()))
+        if waits_for:
+            decisions[job_id] = replace(
+                d,
+                action=scheduling.Action.WAIT,
+                reason=scheduling.Reason.RESOURCES,
+                detail="the run of preempted job "
+                + ", ".join(f"#{pk}" for pk in waits_for)
+                + " is being stopped",
+            )
+
+
+def preempted_text(job: FederatedJob) -> str:
+    """Why a QUEUED preempted job waits, in one clause (``""`` for a job never preempted)."""
+    if job.preempted_by_id is None:
+        return ""
+    start = (
+        f"from its round-{job.resume_round} checkpoint"
+        if job.resume_round
+        else "from round 0 (no checkpoint had been saved)"
+    )
+    return f"preempted for job #{job.preempted_by_id} (higher QoS); resumes {start}"
+
+
 @transaction.atomic
 def schedule_pass(*, now: datetime | None = None) -> dict[int, scheduling.Decision]:
     """One scheduler pass over the real queue; returns job id → decision.
 
     Locks every pool row first (passes are serialised), writes each queued job's reason,
     priority and estimates, fails the REFUSED jobs with the reason. START jobs are left QUEUED:
-    the caller launches them (``job_launch``).
+    the caller launches them (``job_launch``); so are PREEMPT decisions (running jobs to stop,
+    ``services.job_launch``). A START on a pool a preempted run still holds is returned as a
+    WAIT (``_hold_until_stopped``). A queued job that was preempted keeps the reason
+    ``Preempted`` until it starts again; one whose preemptor has not started yet is not in the
+    pass at all (``snapshot_build``).
     """
     list(ComputePool.objects.select_for_update().order_by("pk").values_list("pk", flat=True))
     now = now or timezone.now()
     snap = snapshot_build(now=now)
     decisions = {d.job_id: d for d in scheduling.schedule(snap)}
+    _hold_until_stopped(decisions, snap)
     queued_ids = {j.id for j in snap.queued}
     jobs = FederatedJob.objects.in_bulk(list(queued_ids))
     for job_id, d in decisions.items():
         job = jobs.get(job_id)
         if job is None or d.action is scheduling.Action.PREEMPT:
             continue
+        preempted = job.preempted_by_id is not None and d.action is not scheduling.Action.START
         job.sched_reason = "" if d.action is scheduling.Action.START else str(d.reason)
+        if preempted:
+            job.sched_reason = str(scheduling.Reason.PREEMPTED)
         job.sched_priority = d.priority
         job.est_start = _dt(d.start_s)
         job.est_end = _dt(d.end_s)
@@ -347,6 +421,8 @@ def schedule_pass(*, now: datetime | None = None) -> dict[int, scheduling.Decisi
             continue  # the caller refuses it (``services.job_launch``: admission imports no service)
         if d.action is not scheduling.Action.START:
             job.status_detail = _explain(d, job.policy)
+            if preempted:
+                job.status_detail = f"{preempted_text(job)}; {job.status_detail}"
             fields.append("status_detail")
         job.save(update_fields=fields)
     return decisions
