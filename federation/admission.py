@@ -206,9 +206,16 @@ def _accounts(projects, now: datetime) -> dict[str, scheduling.Account]:
     out = {}
     since = now - 8 * USAGE_HALF_LIFE
     for project in projects:
-        done = FederatedJob.objects.filter(
-            project=project, started_at__isnull=False, started_at__gte=since
-        ).prefetch_related("sites")
+        # A QUEUED job with a start is a resumed or preempted one waiting to run again: its
+        # earlier run's end is no longer on the row, and counting to ``now`` would charge the
+        # project for the time it waits (ADR 0035).
+        done = (
+            FederatedJob.objects.filter(
+                project=project, started_at__isnull=False, started_at__gte=since
+            )
+            .exclude(status=JobStatus.QUEUED)
+            .prefetch_related("sites")
+        )
         records = []
         for j in done:
             end = j.finished_at or now

@@ -222,6 +222,9 @@ def test_preempted_job_waits_for_its_preemptor_even_when_it_ranks_higher(
     low = reconcile(low)  # the preemptor runs: the preempted job is in the passes again
     assert (low.status, low.sched_reason) == (JobStatus.QUEUED, "Preempted")
     assert fake.stopped == ["101"] and len(fake.submitted) == 2
+    # waiting is not usage: five hours on, its project's fair-share usage has not grown
+    later = admission.snapshot_build(now=timezone.now() + timedelta(hours=5))
+    assert later.accounts[world["project"].slug].usage == pytest.approx(0.0, abs=0.01)
 
 
 def test_non_preemptible_job_is_never_stopped(world, fake, launch, reconcile):
@@ -375,3 +378,35 @@ def test_preempted_job_shows_its_reason_on_its_page_and_the_queue_page(
     client.force_login(admin)
     queue = client.get(reverse("federation:pool_queue", args=[pool.pk])).content.decode()
     assert "Preempted" in queue and f"preempted for job #{high.pk}" in queue.lower()
+
+
+DP = {"dp": "server", "noise_multiplier": 1.0, "clipping_norm": 1.0, "delta": 1e-5}
+
+
+def test_preempted_dp_job_is_charged_once_for_the_rounds_it_trains_again(
+    world, fake, launch, reconcile
+):
+    """As a resumed job (``job_resume``): round 3, released by the stopped run, is trained again
+    after the round-2 checkpoint — one more round of ε, once, however often the end is seen."""
+    import json
+
+    from federation import privacy, privacy_budget
+    from portal.ledger.models import LedgerEntry
+
+    low = launch(world, schedule=LOW, num_rounds=4)
+    before = privacy_budget.job_epsilon(DP, num_rounds=4, sites=2)
+    FederatedJob.objects.filter(pk=low.pk).update(privacy=DP, epsilon=before)
+    _rounds(world, low, (1, 2, 3))
+    _checkpoint(low, 2)
+    launch(world, schedule=HIGH)
+
+    low = reconcile(low)
+    stopped = superlink.RunStatus("101", "finished", "stopped", "", {})
+    services.job_reconcile(job_id=low.pk, run=stopped)  # the same end seen again
+
+    low.refresh_from_db()
+    again = privacy.epsilon(noise_multiplier=1.0, rounds=1, delta=1e-5)
+    assert low.status == JobStatus.QUEUED
+    assert low.epsilon == pytest.approx(before + again)
+    leaves = [json.loads(e.data) for e in LedgerEntry.objects.filter(kind="privacy")]
+    assert [(x["job"], x["rounds"], x["resumed_from_round"]) for x in leaves] == [(low.pk, 1, 2)]
