@@ -1576,11 +1576,10 @@ def job_resume(*, by, job_id: int) -> FederatedJob:
     The checks are this function's; the requeue is ``_job_requeue``, shared with a preempted
     job's (ADR 0035). The job goes back to QUEUED with ``resume_round = k`` (the checkpoint's
     round, sent as the run-config key ``resume-round``: a number, not a secret); its earlier
-    run id is kept in
-    ``earlier_runs``; rounds after ``k`` (posted before the checkpoint was written) are deleted,
-    as the new run trains them again; the sites still training at the checkpoint are pending
-    again; ``callback_seq`` starts again (the new run signs with its own key, so the old run's
-    events cannot be replayed). A DP job is charged the ε of the rounds it trains again
+    run id is kept in ``earlier_runs``; rounds after ``k`` (posted before the checkpoint was
+    written) are deleted, as the new run trains them again; the sites still training at the
+    checkpoint are pending again; ``callback_seq`` starts again (the new run signs with its own
+    key, so the old run's events cannot be replayed). A DP job is charged the ε of the rounds it trains again
     (``_resume_privacy_charge``); then ``federation.signals.job_resumed`` is sent, before the
     failed run's metering and end are changed (accounting records the failed run's usage then).
     Audited as ``job.resume``; the launch is queued on commit. Raises ``JobError`` for a user who
