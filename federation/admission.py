@@ -15,6 +15,11 @@ recorded on its ``JobSite`` (the site's first pool for a row without one).
 A pool read from a batch system (``ComputePool.adapter``, ADR 0034) gives the scheduler its last
 stored reading (``pool_capacity``): fewer usable cores when nodes are down or busy, ``NodeDown``
 when none is usable, the read failed or is stale.
+
+Preemption (ADR 0035): a running job whose run is being stopped for a preemption is left out of
+the snapshot (its resources are promised to the job it was stopped for), a START on a pool it
+still holds waits for the next pass, and a preempted job waits out of the pass until the job it
+was stopped for has started. ``services.job_launch`` marks and stops the PREEMPT jobs.
 Grid: ``FRP_SCHED_STEP_SECONDS`` (default 300 s) over ``FRP_SCHED_HORIZON_HOURS`` (default 168 h).
 """
 
@@ -255,9 +260,16 @@ def _accounts(projects, now: datetime) -> dict[str, scheduling.Account]:
     out = {}
     since = now - 8 * USAGE_HALF_LIFE
     for project in projects:
-        done = FederatedJob.objects.filter(
-            project=project, started_at__isnull=False, started_at__gte=since
-        ).prefetch_related("sites")
+        # A QUEUED job with a start is a resumed or preempted one waiting to run again: its
+        # earlier run's end is no longer on the row, and counting to ``now`` would charge the
+        # project for the time it waits (ADR 0035).
+        done = (
+            FederatedJob.objects.filter(
+                project=project, started_at__isnull=False, started_at__gte=since
+            )
+            .exclude(status=JobStatus.QUEUED)
+            .prefetch_related("sites")
+        )
         records = []
         for j in done:
             end = j.finished_at or now
@@ -284,7 +296,10 @@ def _accounts(projects, now: datetime) -> dict[str, scheduling.Account]:
 
 
 def snapshot_build(*, now: datetime | None = None, extra: list[scheduling.Job] = ()):
-    """The scheduler's snapshot of the federation now (and ``extra`` hypothetical jobs)."""
+    """The scheduler's snapshot of the federation now (and ``extra`` hypothetical jobs).
+
+    Left out: running jobs being stopped for a preemption (``preempt_requested_at``), and queued
+    preempted jobs whose preemptor (``preempted_by``) is still queued (ADR 0035)."""
     now = now or timezone.now()
     step, steps = grid()
     site_pools = _pools_of_site()
@@ -302,9 +317,14 @@ def snapshot_build(*, now: datetime | None = None, extra: list[scheduling.Job] =
     )
     running = []
     queued = []
+    waiting = {j.pk for j in active if j.status == JobStatus.QUEUED}
     for job in active:
         if job.status == JobStatus.QUEUED:
+            if job.preempted_by_id in waiting:
+                continue  # preempted: the job it was stopped for takes the resources first
             queued.append(job_request(job, site_pools))
+        elif job.preempt_requested_at is not None:
+            continue  # its run is being stopped: what it holds is promised to its preemptor
         else:
             started = job.started_at or now
             end = max(
@@ -370,6 +390,59 @@ def _explain(d: scheduling.Decision, policy: str = "") -> str:
     return text
 
 
+def stopping_pools() -> dict[int, set[int]]:
+    """Running jobs whose Flower run is being stopped for a preemption (``preempt_requested_at``
+    set) → the pool ids they still hold until the SuperLink reports the run ended."""
+    site_pools = _pools_of_site()
+    return {
+        job.pk: set(_held(job, site_pools))
+        for job in FederatedJob.objects.filter(
+            status__in=[JobStatus.LAUNCHING, JobStatus.RUNNING], preempt_requested_at__isnull=False
+        ).prefetch_related("sites")
+    }
+
+
+def _hold_until_stopped(
+    decisions: dict[int, scheduling.Decision], snap: scheduling.Snapshot
+) -> None:
+    """Turn each START on a pool that a preempted run still holds into a WAIT (in place).
+
+    The scheduler counts a preempted job's resources as free (PREEMPT decisions of this pass,
+    and runs already being stopped, which ``snapshot_build`` leaves out): they are free only
+    once the SuperLink reports the run ended, so a job starting there waits for the next pass.
+    """
+    held = stopping_pools()
+    demands = {r.id: set(r.demands) for r in snap.running}
+    for d in decisions.values():
+        if d.action is scheduling.Action.PREEMPT:
+            held[d.job_id] = demands.get(d.job_id, set())
+    for job_id, d in list(decisions.items()):
+        if d.action is not scheduling.Action.START:
+            continue
+        waits_for = sorted(pk for pk, pools in held.items() if pools & set(d.pools.values()))
+        if waits_for:
+            decisions[job_id] = replace(
+                d,
+                action=scheduling.Action.WAIT,
+                reason=scheduling.Reason.RESOURCES,
+                detail="the run of preempted job "
+                + ", ".join(f"#{pk}" for pk in waits_for)
+                + " is being stopped",
+            )
+
+
+def preempted_text(job: FederatedJob) -> str:
+    """Why a QUEUED preempted job waits, in one clause (``""`` for a job never preempted)."""
+    if job.preempted_by_id is None:
+        return ""
+    start = (
+        f"from its round-{job.resume_round} checkpoint"
+        if job.resume_round
+        else "from round 0 (no checkpoint had been saved)"
+    )
+    return f"preempted for job #{job.preempted_by_id} (higher QoS); resumes {start}"
+
+
 @transaction.atomic
 def schedule_pass(*, now: datetime | None = None) -> dict[int, scheduling.Decision]:
     """One scheduler pass over the real queue; returns job id → decision.
@@ -377,19 +450,27 @@ def schedule_pass(*, now: datetime | None = None) -> dict[int, scheduling.Decisi
     Locks every pool row first (passes are serialised), writes each queued job's reason,
     priority and estimates (a REFUSED job's too: its reason code and, refused for its budget cap,
     the cost of its cheapest start); the caller fails the REFUSED jobs with the reason. START
-    jobs are left QUEUED: the caller launches them (``job_launch``).
+    jobs are left QUEUED: the caller launches them (``job_launch``); so are PREEMPT decisions
+    (running jobs to stop, ``services.job_launch``). A START on a pool a preempted run still
+    holds is returned as a WAIT (``_hold_until_stopped``). A queued job that was preempted keeps
+    the reason ``Preempted`` until it starts again; one whose preemptor has not started yet is
+    not in the pass at all (``snapshot_build``).
     """
     list(ComputePool.objects.select_for_update().order_by("pk").values_list("pk", flat=True))
     now = now or timezone.now()
     snap = snapshot_build(now=now)
     decisions = {d.job_id: d for d in scheduling.schedule(snap)}
+    _hold_until_stopped(decisions, snap)
     queued_ids = {j.id for j in snap.queued}
     jobs = FederatedJob.objects.in_bulk(list(queued_ids))
     for job_id, d in decisions.items():
         job = jobs.get(job_id)
         if job is None or d.action is scheduling.Action.PREEMPT:
             continue
+        preempted = job.preempted_by_id is not None and d.action is not scheduling.Action.START
         job.sched_reason = "" if d.action is scheduling.Action.START else str(d.reason)
+        if preempted:
+            job.sched_reason = str(scheduling.Reason.PREEMPTED)
         job.sched_priority = d.priority
         job.est_start = _dt(d.start_s)
         job.est_end = _dt(d.end_s)
@@ -405,6 +486,8 @@ def schedule_pass(*, now: datetime | None = None) -> dict[int, scheduling.Decisi
             continue
         if d.action is not scheduling.Action.START:
             job.status_detail = _explain(d, job.policy)
+            if preempted:
+                job.status_detail = f"{preempted_text(job)}; {job.status_detail}"
             fields.append("status_detail")
         job.save(update_fields=fields)
     return decisions

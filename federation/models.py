@@ -464,6 +464,22 @@ class FederatedJob(models.Model):
     )
     qos = models.CharField("QoS", max_length=8, default="normal")
     preemptible = models.BooleanField(default=False)
+    preempted_by = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        editable=False,
+        help_text="The higher-QoS job this one was last preempted for (kept until it runs again).",
+    )
+    preempt_requested_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="When the scheduler asked for this running job's Flower run to be stopped for "
+        "a preemption; while set, the run's end queues the job again to resume (ADR 0035).",
+    )
     estimated_seconds = models.FloatField(default=600.0, help_text="Estimated run time (s).")
     sched_reason = models.CharField(max_length=32, blank=True, help_text="Slurm-style reason code.")
     sched_priority = models.IntegerField(default=0)

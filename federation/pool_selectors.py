@@ -25,6 +25,8 @@ REASONS = {
     "DeadlineUnreachable": "The earliest possible end is after the job's deadline.",
     "TimeShift": "Waiting for the cheapest or lowest-carbon start before the deadline.",
     "Quota": "The project's quota on a pool is in use by its other jobs.",
+    "Preempted": "Stopped for a job of a higher quality of service; it resumes from its latest "
+    "round checkpoint (from the start when it had none) when resources are free again.",
 }
 
 

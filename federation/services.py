@@ -7,6 +7,8 @@ State machine (``JobStatus``), all transitions here::
        ▲                   │  (or found by its nonce)  │                          ├▶ FAILED
        └─ stale, no run ◀──┘── submit refused ──▶ FAILED └── stop ──▶ STOPPED      └▶ STOPPED
     LAUNCHING / RUNNING ── SuperLink silent for FRP_SUPERLINK_LOST_SECONDS ──▶ FAILED
+    RUNNING ── preempted, its run stopped ──▶ QUEUED (resumes from its checkpoint, ADR 0035)
+    FAILED ── resumed by its submitter ──▶ QUEUED (ADR 0026)
 
 The SuperLink is authoritative for a run's end (``job_reconcile``); callbacks from the ServerApp only
 add metrics. Every service re-reads state under a row lock first, so a second delivery of a task or
@@ -594,6 +596,8 @@ def job_launch(*, job_id: int) -> FederatedJob:
                 refused = FederatedJob.objects.filter(pk=pk, status=JobStatus.QUEUED).first()
                 if refused is not None:
                     job_refuse(job=refused, reason=f"{d.reason}: {d.detail}")
+        for pk, run_id in _jobs_preempt(decisions):  # stop each run once the marks commit
+            transaction.on_commit(partial(preempt_stop_send, job_id=pk, run_id=run_id), robust=True)
         others = [pk for pk, d in decisions.items() if d.action == "start" and pk != job.pk]
         for pk in others:  # jobs the same pass admitted: each launches in its own task
             transaction.on_commit(signature(JOB_LAUNCH_TASK, args=(pk,)).delay, robust=True)
@@ -608,7 +612,10 @@ def job_launch(*, job_id: int) -> FederatedJob:
         job.status_detail = "submitting the run to the SuperLink"
         job.started_at = timezone.now()
         job.launch_nonce = secrets.token_hex(16)
-        job.save(update_fields=["status", "status_detail", "started_at", "launch_nonce"])
+        job.preempted_by = None  # it runs again: no longer shown as preempted
+        job.save(
+            update_fields=["status", "status_detail", "started_at", "launch_nonce", "preempted_by"]
+        )
         nonce = job.launch_nonce
         run_config = job_run_config(job).to_flower()
 
@@ -684,6 +691,146 @@ def run_orphan_stop(*, run_id: str, job_id: int | None, why: str) -> None:
                 why=why,
                 outcome=outcome,
             )
+
+
+# ---------------------------------------------------------------------------------------------
+# Preemption (ADR 0035)
+# ---------------------------------------------------------------------------------------------
+
+
+def _jobs_preempt(decisions: dict) -> list[tuple[int, str]]:
+    """Mark the running jobs a pass decided to PREEMPT; returns ``(job id, Flower run id)`` of
+    each marked now, whose run the caller stops after commit (``preempt_stop_send``).
+
+    Called inside the pass's transaction (pools locked, then each job's row). A job is marked
+    once: ``preempt_requested_at`` (the mark the reconcile reads when the run ends),
+    ``preempted_by`` (the job it is stopped for), reason ``Preempted``, a status detail, and the
+    audit event ``job.preempt`` by the system. The mark is committed before the stop is sent,
+    so a worker that dies in between leaves a marked job whose run the reconcile stops
+    (``job_reconcile``); a run stopped without its mark cannot happen. Skipped: a job no
+    longer RUNNING, without a run id yet (LAUNCHING: the pass asks again once it runs), not
+    preemptible, or already marked (a second delivery of the task).
+    """
+    marked = []
+    for pk, d in decisions.items():
+        if d.action != "preempt":
+            continue
+        job = FederatedJob.objects.select_for_update().filter(pk=pk).first()
+        if (
+            job is None
+            or job.status != JobStatus.RUNNING
+            or not job.flower_run_id
+            or not job.preemptible
+            or job.preempt_requested_at is not None
+        ):
+            continue
+        job.preempt_requested_at = timezone.now()
+        job.preempted_by_id = d.for_job
+        job.sched_reason = str(d.reason)
+        job.status_detail = (
+            f"Preempted for job #{d.for_job} (higher QoS): its Flower run {job.flower_run_id} is "
+            "being stopped; the job will be queued again to resume from its latest round "
+            "checkpoint."
+        )
+        job.save(
+            update_fields=["preempt_requested_at", "preempted_by", "sched_reason", "status_detail"]
+        )
+        audit_record(
+            by=None,
+            action="job.preempt",
+            target=job,
+            institution=job.project.institution,
+            run_id=job.flower_run_id,
+            preempted_for=d.for_job,
+            reason=str(d.reason),
+        )
+        marked.append((job.pk, job.flower_run_id))
+    return marked
+
+
+def preempt_stop_send(*, job_id: int, run_id: str) -> bool:
+    """Ask the SuperLink to stop a preempted job's run; ``True`` when it accepted.
+
+    A SuperLink that does not answer or refuses (the run already ended on its own) is logged:
+    the job keeps its mark, and the reconcile stops the run while it still runs, or queues the
+    job again (or ends it, when it completed) once the run has ended."""
+    try:
+        superlink.run_stop(superlink_connection(), run_id)
+    except superlink.SuperLinkError as exc:
+        log.warning("preempted job %s: stopping Flower run %s failed: %s", job_id, run_id, exc)
+        return False
+    return True
+
+
+def _job_preempted_requeue(*, job_id: int, run: superlink.RunStatus) -> FederatedJob:
+    """The run of a job marked for preemption has ended (not completed): queue the job again to
+    resume from its latest round checkpoint (round 0 when none exists) through the path
+    ``job_resume`` takes (``_job_requeue``).
+
+    In one transaction (the job's row locked, and re-checked: a second delivery finds the job
+    QUEUED or its mark cleared and does nothing): the stopped run's end is written first
+    (``STOPPED``, ``finished_at``, Flower's run figures), as a resume expects of a job whose
+    run has ended — the accounting receiver of ``job_resumed`` records that run's usage
+    against it (ADR 0028) —, then the job is queued again. If the resume is refused (a DP
+    job's ε budget, a usage that cannot be recorded) or the checkpoints cannot be read, nothing
+    of it is kept and the job ends FAILED with the reason, for its submitter to resume later.
+    """
+    job = FederatedJob.objects.select_related("project").get(pk=job_id)
+    try:
+        rnd = artifacts.checkpoint_round(job)
+        active = artifacts.checkpoint_active_sites(job, rnd) if rnd else None
+    except artifacts.ArtifactError as exc:
+        refused = f"its round checkpoints cannot be read: {exc}"
+    else:
+        refused = ""
+    failed = superlink.RunStatus(run.run_id, "finished", "failed", run.details, run.raw)
+    with transaction.atomic():
+        job = FederatedJob.objects.select_for_update().get(pk=job_id)
+        mine = (
+            job.status == JobStatus.RUNNING
+            and job.preempt_requested_at is not None
+            and job.flower_run_id == run.run_id
+        )
+        if not mine:
+            return job
+        by_job = job.preempted_by_id
+        if "rounds" in job.final_metrics:  # training had finished: nothing to resume
+            job.preempt_requested_at = None
+            job.save(update_fields=["preempt_requested_at"])
+            return _job_finish(job_id=job_id, run=run)
+        if not refused:
+            try:
+                with transaction.atomic():
+                    job.status = JobStatus.STOPPED
+                    job.finished_at = timezone.now()
+                    if run.usage:
+                        job.final_metrics = {**job.final_metrics, "flower": run.usage}
+                    job.save(update_fields=["status", "finished_at", "final_metrics"])
+                    where = (
+                        f"the checkpoint after round {rnd}" if rnd else "round 0 (no checkpoint)"
+                    )
+                    _job_requeue(
+                        job,
+                        rnd=rnd,
+                        active=active,
+                        by=None,
+                        detail=f"Preempted for job #{by_job} (higher QoS): Flower run "
+                        f"{run.run_id} stopped; queued to resume from {where}.",
+                        preempted_for=by_job,
+                    )
+                    job.sched_reason = "Preempted"
+                    job.save(update_fields=["sched_reason"])
+                    return job
+            except JobError as exc:
+                refused = str(exc)
+        job.preempt_requested_at = None
+        job.save(update_fields=["preempt_requested_at"])
+        return _job_finish(
+            job_id=job_id,
+            run=failed,
+            reason=f"Preempted for job #{by_job} (higher QoS), but it could not be queued again: "
+            f"{refused}.",
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1088,7 +1235,11 @@ def job_reconcile(
     if job.superlink_lost_at is not None:
         superlink_answered(job_ids=[job_id])
     if not run.is_finished:
+        if job.preempt_requested_at is not None:  # the stop never reached the SuperLink
+            preempt_stop_send(job_id=job_id, run_id=job.flower_run_id)
         return job
+    if job.preempt_requested_at is not None and run.sub_status != "completed":
+        return _job_preempted_requeue(job_id=job_id, run=run)
     return _job_finish(job_id=job_id, run=run)
 
 
@@ -1225,6 +1376,7 @@ def _job_finish(
         job.status_detail = "the run finished without reporting final results to the portal"
     job.status = status
     job.finished_at = timezone.now()
+    job.preempt_requested_at = None
     if run.usage:  # Flower's own per-run figures, for the usage cross-check
         job.final_metrics = {**job.final_metrics, "flower": run.usage}
     if reason:
@@ -1240,7 +1392,14 @@ def _job_finish(
     else:
         job.status_detail = f"Flower run {run.run_id} {run.sub_status}"
     job.save(
-        update_fields=["status", "status_detail", "finished_at", "final_metrics", "failure_reason"]
+        update_fields=[
+            "status",
+            "status_detail",
+            "finished_at",
+            "final_metrics",
+            "failure_reason",
+            "preempt_requested_at",
+        ]
     )
     still_in = job.sites.exclude(status__in=[JobSiteStatus.DROPPED, JobSiteStatus.FAILED])
     if status == JobStatus.COMPLETED:
@@ -1266,6 +1425,9 @@ def job_stop(*, by, job_id: int) -> FederatedJob:
         if job.is_terminal:
             return job
         audit_record(by=by, action="job.stop", target=job, institution=job.project.institution)
+        if job.preempt_requested_at is not None:  # the user's stop wins: the run's end ends it
+            job.preempt_requested_at = None
+            job.save(update_fields=["preempt_requested_at"])
         if job.status == JobStatus.QUEUED or not job.flower_run_id:
             job.status = JobStatus.STOPPED
             job.status_detail = f"stopped by {by} before it ran"
@@ -1337,16 +1499,91 @@ def _resume_privacy_charge(job: FederatedJob, rnd: int) -> None:
     )
 
 
+def _job_requeue(
+    job: FederatedJob,
+    *,
+    rnd: int,
+    active: list[str] | None,
+    by,
+    detail: str,
+    **audit,
+) -> None:
+    """Queue ``job`` (locked, its run ended) again to resume from its round-``rnd`` checkpoint
+    (``0``: from the start) with a new Flower run: the part of ``job_resume`` that the
+    preemption's requeue (``_job_preempted_requeue``) shares.
+
+    A DP job is charged the ε of the rounds it trains again (``_resume_privacy_charge``); then
+    ``federation.signals.job_resumed`` is sent, before the ended run's metering and end are
+    changed (accounting records that run's usage then). The earlier run id goes to
+    ``earlier_runs``; rounds after ``rnd`` are deleted (the new run trains them again); the
+    sites in ``active`` (every site when ``None``) are pending again; ``callback_seq`` starts
+    again (the new run signs with its own key, so the old run's events cannot be replayed); the
+    preemption mark is cleared. Audited as ``job.resume`` (``by``, plus ``audit``); the launch
+    is queued on commit. Raises ``JobError`` (for the caller's transaction to roll back) when
+    the ε charge or a receiver of ``job_resumed`` refuses.
+    """
+    _resume_privacy_charge(job, rnd)
+    # Before the ended run's metering and end are changed: the floors above account for it
+    # first (a receiver may refuse with JobError; the transaction then writes nothing).
+    job_resumed.send(sender=FederatedJob, job=job, from_round=rnd)
+    earlier = job.flower_run_id
+    job.earlier_runs = [*job.earlier_runs, earlier] if earlier else list(job.earlier_runs)
+    job.flower_run_id = ""
+    job.launch_nonce = ""
+    job.resume_round = rnd
+    job.status = JobStatus.QUEUED
+    job.status_detail = detail
+    job.failure_reason = ""
+    job.finished_at = None
+    job.superlink_lost_at = None
+    job.callback_seq = 0
+    job.preempt_requested_at = None
+    job.save(
+        update_fields=[
+            "earlier_runs",
+            "flower_run_id",
+            "launch_nonce",
+            "resume_round",
+            "status",
+            "status_detail",
+            "failure_reason",
+            "finished_at",
+            "superlink_lost_at",
+            "callback_seq",
+            "preempt_requested_at",
+        ]
+    )
+    RoundMetric.objects.filter(job=job, round__gt=rnd).delete()
+    SiteRoundMetric.objects.filter(job_site__job=job, round__gt=rnd).delete()
+    for js in job.sites.select_related("site"):
+        if active is None or js.site.slug in active:
+            js.status = JobSiteStatus.PENDING
+            js.last_error = ""
+        js.rounds_completed = js.round_metrics.filter(ok=True).count()
+        js.save(update_fields=["status", "last_error", "rounds_completed"])
+    audit_record(
+        by=by,
+        action="job.resume",
+        target=job,
+        institution=job.project.institution,
+        from_round=rnd,
+        earlier_run=earlier,
+        **audit,
+    )
+    transaction.on_commit(signature(JOB_LAUNCH_TASK, args=(job.pk,)).delay, robust=True)
+
+
 def job_resume(*, by, job_id: int) -> FederatedJob:
     """Resume a FAILED job (its ServerApp crashed or was stopped mid-job) from its latest round
     checkpoint with a new Flower run; the job keeps its id, rounds and accounting.
 
-    The job goes back to QUEUED with ``resume_round = k`` (the checkpoint's round, sent as the
-    run-config key ``resume-round``: a number, not a secret); its earlier run id is kept in
-    ``earlier_runs``; rounds after ``k`` (posted before the checkpoint was written) are deleted,
-    as the new run trains them again; the sites still training at the checkpoint are pending
-    again; ``callback_seq`` starts again (the new run signs with its own key, so the old run's
-    events cannot be replayed). A DP job is charged the ε of the rounds it trains again
+    The checks are this function's; the requeue is ``_job_requeue``, shared with a preempted
+    job's (ADR 0035). The job goes back to QUEUED with ``resume_round = k`` (the checkpoint's
+    round, sent as the run-config key ``resume-round``: a number, not a secret); its earlier
+    run id is kept in ``earlier_runs``; rounds after ``k`` (posted before the checkpoint was
+    written) are deleted, as the new run trains them again; the sites still training at the
+    checkpoint are pending again; ``callback_seq`` starts again (the new run signs with its own
+    key, so the old run's events cannot be replayed). A DP job is charged the ε of the rounds it trains again
     (``_resume_privacy_charge``); then ``federation.signals.job_resumed`` is sent, before the
     failed run's metering and end are changed (accounting records the failed run's usage then).
     Audited as ``job.resume``; the launch is queued on commit. Raises ``JobError`` for a user who
@@ -1373,52 +1610,13 @@ def job_resume(*, by, job_id: int) -> FederatedJob:
                 "the job has no round checkpoint to resume from (it failed before its first "
                 "round was saved): submit it again"
             )
-        _resume_privacy_charge(job, rnd)
-        # Before the failed run's metering and end are changed: the floors above account for it
-        # first (a receiver may refuse with JobError; the transaction then writes nothing).
-        job_resumed.send(sender=FederatedJob, job=job, from_round=rnd)
-        earlier = job.flower_run_id
-        job.earlier_runs = [*job.earlier_runs, earlier] if earlier else list(job.earlier_runs)
-        job.flower_run_id = ""
-        job.launch_nonce = ""
-        job.resume_round = rnd
-        job.status = JobStatus.QUEUED
-        job.status_detail = f"queued to resume from the checkpoint after round {rnd}"
-        job.failure_reason = ""
-        job.finished_at = None
-        job.superlink_lost_at = None
-        job.callback_seq = 0
-        job.save(
-            update_fields=[
-                "earlier_runs",
-                "flower_run_id",
-                "launch_nonce",
-                "resume_round",
-                "status",
-                "status_detail",
-                "failure_reason",
-                "finished_at",
-                "superlink_lost_at",
-                "callback_seq",
-            ]
-        )
-        RoundMetric.objects.filter(job=job, round__gt=rnd).delete()
-        SiteRoundMetric.objects.filter(job_site__job=job, round__gt=rnd).delete()
-        for js in job.sites.select_related("site"):
-            if js.site.slug in active:
-                js.status = JobSiteStatus.PENDING
-                js.last_error = ""
-            js.rounds_completed = js.round_metrics.filter(ok=True).count()
-            js.save(update_fields=["status", "last_error", "rounds_completed"])
-        audit_record(
+        _job_requeue(
+            job,
+            rnd=rnd,
+            active=active,
             by=by,
-            action="job.resume",
-            target=job,
-            institution=job.project.institution,
-            from_round=rnd,
-            earlier_run=earlier,
+            detail=f"queued to resume from the checkpoint after round {rnd}",
         )
-        transaction.on_commit(signature(JOB_LAUNCH_TASK, args=(job.pk,)).delay, robust=True)
     return job
 
 

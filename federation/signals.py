@@ -12,8 +12,9 @@ job_finished = Signal()
 
 #: Sent (``sender=FederatedJob``, ``job=…``, ``from_round=k``) inside the transaction that queues
 #: a FAILED job to resume from its round-``k`` checkpoint (``federation.services.job_resume``),
-#: with the job's row locked and *before* anything of its failed run is changed or deleted (the
-#: metering of rounds after ``k``, the run's id and end): the floors above may close out and
-#: reopen what they record of its failed end (accounting records the failed run's usage and
+#: or a preempted job whose stopped run has ended (``job.status`` STOPPED there, ``k`` may be 0;
+#: ADR 0035), with the job's row locked and *before* anything of its ended run is changed or
+#: deleted (the metering of rounds after ``k``, the run's id and end): the floors above may close
+#: out and reopen what they record of its ended run (accounting records that run's usage and
 #: reopens its steps, ADR 0028). A receiver may refuse the resume by raising ``JobError``.
 job_resumed = Signal()

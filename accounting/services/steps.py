@@ -344,9 +344,9 @@ def job_accounting_retry(*, by, job: FederatedJob) -> list[str]:
 
 
 def job_accounting_reopen(*, job: FederatedJob, from_round: int | None = None) -> list[str]:
-    """Reopen the accounting of a FAILED ``job`` that is being resumed from its checkpoint, so
-    that its final end is accounted for too (ADR 0028); returns the steps reopened, in ``STEPS``
-    order.
+    """Reopen the accounting of a FAILED ``job`` that is being resumed from its checkpoint (or a
+    preempted one, whose run ended STOPPED, ADR 0035), so that its final end is accounted for
+    too (ADR 0028); returns the steps reopened, in ``STEPS`` order.
 
     Called by the receiver of ``federation.signals.job_resumed`` inside ``job_resume``'s
     transaction, with the job's row locked and the job as its failed run ended — before the
@@ -380,7 +380,7 @@ def job_accounting_reopen(*, job: FederatedJob, from_round: int | None = None) -
         ) from exc
     rows = _locked_steps(job)
     before = {r.step: r.status for r in rows}
-    after = f"run {run} ended failed" + (f" after round {from_round}" if from_round else "")
+    after = f"run {run} ended {job.status}" + (f" after round {from_round}" if from_round else "")
     for row in rows:
         _save(row, StepStatus.PENDING, detail=f"reopened: the job resumed ({after})")
     audit_record(

@@ -217,7 +217,8 @@ class Decision:
     ``pools``: the pool chosen for each key of the job's ``demands`` (``{key: pool id}``; the key
     itself unless an alternative was chosen), for every START and every decision of a job with
     ``alternatives``; empty otherwise (REFUSE, PREEMPT, and a job without alternatives that does
-    not start: its keys are its pools)."""
+    not start: its keys are its pools). ``for_job``: of a PREEMPT, the queued job it frees
+    resources for (``None`` otherwise)."""
 
     job_id: int
     action: Action
@@ -231,3 +232,4 @@ class Decision:
     late: bool = False
     detail: str = ""
     pools: Mapping[int, int] = field(default_factory=dict)
+    for_job: int | None = None

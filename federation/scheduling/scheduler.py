@@ -533,6 +533,7 @@ def schedule(snapshot: Snapshot, config: Config | None = None) -> list[Decision]
                             Action.PREEMPT,
                             Reason.PREEMPTED,
                             detail=f"preempted for job {job.id} (higher QoS)",
+                            for_job=job.id,
                         )
                     )
                 t, late = 0, req.d > req.last_start

@@ -7,6 +7,9 @@ synchronise.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 from pathlib import Path
 
 from django.test import Client
@@ -102,3 +105,32 @@ def alive(pid: int) -> bool:
 def is_sentence(text: str) -> bool:
     """Starts with a capital letter, ends with a full stop, carries no Python class repr."""
     return bool(text) and text[0].isupper() and text.rstrip().endswith(".") and "<class" not in text
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under ``pid`` (children, their children, …), from /proc."""
+    out, todo = [], [pid]
+    while todo:
+        kids = children_of(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+def freeze_sites(world) -> list[int]:
+    """SIGSTOP every SuperNode of ``world`` with its SuperExec and ClientApps; their pids (for
+    ``thaw``). A process that ends between the listing and the signal is skipped."""
+    frozen = []
+    for pid in world.federation.supernodes.values():
+        for p in [pid, *descendants(pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGSTOP)
+                frozen.append(p)
+    return frozen
+
+
+def thaw(pids: list[int]) -> None:
+    """SIGCONT the processes ``freeze_sites`` stopped (those still there)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)

@@ -39,33 +39,10 @@ def world(django_db_setup, django_db_blocker, live_server, tmp_path_factory):
         yield w
 
 
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        kids = fs.children_of(todo.pop())
-        out += kids
-        todo += kids
-    return out
-
-
-def _freeze_sites(world) -> list[int]:
-    """SIGSTOP every SuperNode of this world with its SuperExec and ClientApps; their pids.
-
-    A process that ends between the listing and the signal is skipped (it no longer runs).
-    """
-    frozen = []
-    for pid in world.federation.supernodes.values():
-        for p in [pid, *_descendants(pid)]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p, signal.SIGSTOP)
-                frozen.append(p)
-    return frozen
-
-
 def _serverapps(world) -> list[int]:
     """The ``flwr-serverapp`` processes under this world's SuperLink (never another test's)."""
     found = []
-    for pid in _descendants(world.federation.superlink_pid):
+    for pid in fs.descendants(world.federation.superlink_pid):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
@@ -101,7 +78,7 @@ def test_serverapp_killed_mid_job_is_resumed_and_completes_as_an_uninterrupted_j
         # and the kill however loaded the machine (at most the round in flight ends: saved ≤ 3).
         # The ServerApp's pid is read only then: read earlier, it can be the previous job's
         # ServerApp still exiting after its run completed.
-        frozen = _freeze_sites(world)
+        frozen = fs.freeze_sites(world)
         try:
             pids = wait_for(lambda: _serverapps(world), timeout=60, what="the ServerApp process")
             for pid in pids:
@@ -113,9 +90,7 @@ def test_serverapp_killed_mid_job_is_resumed_and_completes_as_an_uninterrupted_j
                 what="the killed ServerApp gone",
             )
         finally:
-            for pid in frozen:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
+            fs.thaw(frozen)
         first_run = fs.job(pk).flower_run_id
         failed = fs.wait_terminal(pk, timeout=600, world=world)
         saved = artifacts.checkpoint_round(failed)
