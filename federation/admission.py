@@ -540,6 +540,19 @@ def duration_estimate(*, model: str, num_rounds: int, local_epochs: int, rows: i
     return FIXED_SECONDS + num_rounds * (ROUND_SECONDS + local_epochs * rows * 2e-6)
 
 
+def job_duration_estimate(*, model: str, num_rounds: int, local_epochs: int, versions) -> float:
+    """``duration_estimate`` of a job of model kind ``model`` (``FederatedJob.model``: ``linear``,
+    ``mlp``, ``xgboost``) on the dataset ``versions`` it trains on, with their rows as released
+    (``sandbox.profile.released_count``: the estimate is shown to researchers on the job form and
+    the job page, and exact rows in it would give a site's row count back; issue 9, finding 5)."""
+    from sandbox.profile import released_count
+
+    rows = max((released_count(int(v.row_count or 0)) for v in versions), default=0)
+    return duration_estimate(
+        model=model, num_rounds=num_rounds, local_epochs=local_epochs, rows=rows
+    )
+
+
 def policy_estimates(
     *,
     project,

@@ -293,22 +293,23 @@ def local_sites() -> list[LocalSite]:
     ]
 
 
-def job_estimates(*, project, versions, num_rounds: int, local_epochs: int, schedule: dict):
+def job_estimates(
+    *, project, versions, num_rounds: int, local_epochs: int, schedule: dict, model: str = "linear"
+):
     """For each schedule policy, what the scheduler would plan for this job if submitted now:
     a list of dicts ``policy``, ``label``, ``action``, ``reason``, ``start``, ``end`` (aware
     datetimes or ``None``), ``cost`` (``Decimal`` or ``None``), ``energy_kwh``, ``emissions_g``,
-    ``late`` and ``detail``; plus the estimated run time in seconds as ``duration_s``."""
+    ``late`` and ``detail``; plus the estimated run time in seconds as ``duration_s``, from the
+    history of jobs of the same ``model`` kind and the rows as released
+    (``admission.job_duration_estimate``)."""
     from datetime import UTC, datetime
     from decimal import Decimal
 
     from federation import admission, scheduling
     from federation.models import SchedulePolicy
 
-    duration = admission.duration_estimate(
-        model="logreg",
-        num_rounds=num_rounds,
-        local_epochs=local_epochs,
-        rows=max(v.row_count for v in versions),
+    duration = admission.job_duration_estimate(
+        model=model, num_rounds=num_rounds, local_epochs=local_epochs, versions=versions
     )
     request = scheduling.Resources(
         int(schedule["cores"]), float(schedule["memory_gib"]), int(schedule["gpus"])

@@ -406,11 +406,11 @@ def job_submit(
         budget_cap=schedule.get("budget_cap"),
         qos=schedule.get("qos") or "normal",
         preemptible=bool(schedule.get("preemptible", False)),
-        estimated_seconds=admission.duration_estimate(
-            model="logreg",
+        estimated_seconds=admission.job_duration_estimate(
+            model=model_spec["kind"],
             num_rounds=num_rounds,
             local_epochs=local_epochs,
-            rows=max(v.row_count for v in versions),
+            versions=versions,
         ),
     )
     request = {

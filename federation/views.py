@@ -162,6 +162,7 @@ def job_estimate(request):
             num_rounds=data.get("num_rounds") or 5,
             local_epochs=data.get("local_epochs") or 5,
             schedule=when,
+            model=data.get("model_kind") or "linear",
         )
     return render(
         request,

@@ -244,3 +244,37 @@ def test_duration_estimate_with_one_round_count_takes_the_median_after_the_fixed
     assert duration_estimate(model="logreg", num_rounds=6, local_epochs=1, rows=100) == (
         pytest.approx(70.0)
     )
+
+
+def test_job_duration_estimate_takes_the_rows_as_released(world):
+    """The job form and page show the estimate to researchers, so it is computed from the rows as
+    the profile releases them (nearest 5, 1–7 as 4), never the exact ones (issue 9, finding 5):
+    457 and 453 rows both give the estimate of 455 rows, 34 + 5 × (6.2 + 455 × 2 µs) = 65.00455 s;
+    a 3-row and a 6-row dataset give that of 4 rows, and a job's estimate is that of its largest."""
+    from types import SimpleNamespace
+
+    from federation.admission import duration_estimate, job_duration_estimate
+
+    def est(*rows):
+        versions = [SimpleNamespace(row_count=n) for n in rows]
+        return job_duration_estimate(
+            model="linear", num_rounds=5, local_epochs=1, versions=versions
+        )
+
+    assert est(457) == est(453) == est(455) == pytest.approx(65.00455)
+    assert est(457) != duration_estimate(model="linear", num_rounds=5, local_epochs=1, rows=457)
+    assert est(3) == est(6) == pytest.approx(34 + 5 * (6.2 + 4 * 2e-6))
+    assert est(3, 457, 120) == est(455)
+
+
+def test_a_submitted_jobs_estimate_uses_the_history_of_its_own_model_kind(world):
+    """``job_submit`` estimates from finished jobs of the job's model kind (a linear job's
+    ``FederatedJob.model`` is ``linear``; the estimate once asked for ``logreg``, which no job
+    submitted through the form has, so history was never used): three linear jobs of 2, 5 and
+    10 rounds taking 30 s + 6.5 s a round give 30 + 6.5 × 3 = 49.5 s for a 3-round job."""
+    now = timezone.now()
+    for rounds in (2, 5, 10):
+        _finished(world["project"], "linear", rounds, 30 + 6.5 * rounds, now)
+    job = svc.submit(world, num_rounds=3)
+    assert job.model == "linear"
+    assert job.estimated_seconds == pytest.approx(49.5)
