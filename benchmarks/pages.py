@@ -60,6 +60,9 @@ def _setup_django():
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
     os.environ["FRP_VAR_DIR"] = var
     os.environ.setdefault("CELERY_BROKER_URL", "memory://")
+    # PostgreSQL settings need a shared cache (portal.settings refuses local memory there): the
+    # Redis server the tests use, as a deployment would (CACHE_URL overrides it)
+    os.environ.setdefault("CACHE_URL", "redis://127.0.0.1:6379/12")
     import django
 
     django.setup()
