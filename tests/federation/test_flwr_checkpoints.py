@@ -8,6 +8,7 @@ model, rounds and contribution exactly (every site's training is seeded by its r
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from pathlib import Path
@@ -52,6 +53,7 @@ def _checkpoint(job_id=5, rnd=2) -> checkpoints.Checkpoint:
         fitted='{"task": "classification"}',
         preparation={"task": "classification", "sites": {}},
         train_labels={"yes": 30, "no": 27},
+        released_labels={"yes": 30, "no": 25},
         state={"m_t/d/0": np.ones(3)},
     )
 
@@ -68,10 +70,25 @@ def test_checkpoint_round_trips_every_array_and_field():
         ["a", "c"],
     )
     assert back.train_labels == {"yes": 30, "no": 27}
+    assert back.released_labels == {"yes": 30, "no": 25}
     assert all(np.array_equal(a, b) for a, b in zip(back.weights, saved.weights, strict=True))
     assert back.history[1].examples == {0: 40, 2: 17}
     assert np.array_equal(back.history[0].updates[2][0], saved.history[0].updates[2][0])
     assert np.array_equal(back.state["m_t/d/0"], np.ones(3))
+
+
+def test_a_checkpoint_written_before_released_labels_reads_with_none():
+    saved = _checkpoint()
+    npz = dict(np.load(io.BytesIO(saved.to_bytes()), allow_pickle=False))
+    manifest = json.loads(bytes(npz["manifest"]).decode())
+    del manifest["released_labels"]
+    npz["manifest"] = np.frombuffer(json.dumps(manifest).encode(), dtype=np.uint8)
+    buffer = io.BytesIO()
+    np.savez(buffer, **npz)
+
+    back = checkpoints.Checkpoint.from_bytes(buffer.getvalue())
+
+    assert back.released_labels == {} and back.train_labels == {"yes": 30, "no": 27}
 
 
 @pytest.mark.parametrize("raw", [b"", b"not an npz", b"PK\x03\x04broken"])

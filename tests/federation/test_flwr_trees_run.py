@@ -15,10 +15,11 @@ import pytest
 from flwr.serverapp.strategy import FedXgbBagging
 
 from frp_flwr import checkpoints, server_app, trees
-from frp_flwr.contract import JobSpec, RunConfig, SiteLimits
+from frp_flwr.contract import DesignStats, JobSpec, RunConfig, SiteLimits, released
 from sandbox.storage import FilesystemStore
 from tests.federation.test_flwr_trust import (  # noqa: F401 — its autouse fixtures
     ROWS,
+    Node,
     NodeGrid,
     Portal,
     _cfg,
@@ -110,3 +111,49 @@ def test_a_trees_run_killed_after_round_2_resumes_with_fedxgbbagging_and_its_boo
     assert b.model == [] and a.eval_accuracy == b.eval_accuracy
     assert a.eval_loss == pytest.approx(b.eval_loss, abs=1e-12)
     assert not resumed.of("contribution")
+
+
+def _recorder(seen: list):
+    """A site's wrapper that records every (message, reply) pair and changes nothing."""
+
+    def tamper(msg, reply):
+        seen.append((msg.metadata.message_type, msg.content, reply.content))
+        return reply
+
+    return tamper
+
+
+def test_a_trees_run_sends_no_training_statistics_and_a_base_score_of_released_counts():
+    """Issue 9, finding 5: what crosses the network (every site's reply, every global booster
+    sent to the sites) carries no gains, covers or internal weights, and the binary base score
+    every site is sent is the share of the sites' released training labels, not the exact
+    pooled share (whose denominator is the pooled rows)."""
+    seen: list = []
+    nodes = {101 + i: Node(site, tamper=_recorder(seen)) for i, site in enumerate(sorted(ROWS))}
+
+    portal = _run(nodes, cfg=_trees_cfg())
+
+    assert not portal.of("failed"), portal.of("failed")
+    labels = [
+        DesignStats.from_record(reply["design"]).labels
+        for kind, _, reply in seen
+        if kind == "query.design"
+    ]
+    assert len(labels) == len(ROWS)
+    yes = sum(released(site.get("yes", 0)) for site in labels)
+    total = sum(released(n) for site in labels for n in site.values())
+    exact = sum(site.get("yes", 0) for site in labels) / sum(sum(s.values()) for s in labels)
+    boosters = []
+    for kind, msg, reply in seen:
+        if kind == "train":
+            assert msg["config"]["xgb-base-score"] == yes / total != exact
+            boosters += [trees.booster_bytes(msg["arrays"]), trees.booster_bytes(reply["arrays"])]
+    boosters = [raw for raw in boosters if raw]  # round 1's global booster is empty
+    assert len(boosters) == (2 * ROUNDS - 1) * len(ROWS)
+    for raw in boosters:
+        doc = json.loads(raw)
+        score = float(doc["learner"]["learner_model_param"]["base_score"].strip("[]"))
+        assert score == pytest.approx(yes / total, rel=1e-6)  # XGBoost keeps a float32
+        for tree in doc["learner"]["gradient_booster"]["model"]["trees"]:
+            assert set(tree["loss_changes"]) == {0.0}
+            assert tree["sum_hessian"][0] == tree["left_children"].count(-1)  # leaves

@@ -140,6 +140,8 @@ class Checkpoint:
     ``players``: site ids, index = player; ``active``: the sites still training;
     ``fitted``: the fitted preprocessing (``preprocess.Fitted.to_text()``); ``preparation``:
     ``contract.Preparation.to_json()``; ``train_labels``: label → training rows;
+    ``released_labels``: label → the sites' released training rows, summed (``{}`` in a
+    checkpoint written before they were kept);
     ``strategy``: the strategy's class name, ``state`` its arrays (:func:`strategy_state`).
     """
 
@@ -153,6 +155,7 @@ class Checkpoint:
     fitted: str
     preparation: dict
     train_labels: dict[str, int] = field(default_factory=dict)
+    released_labels: dict[str, int] = field(default_factory=dict)
     strategy: str = "FedAvg"
     state: dict[str, np.ndarray] = field(default_factory=dict)
 
@@ -182,6 +185,7 @@ class Checkpoint:
             "fitted": self.fitted,
             "preparation": self.preparation,
             "train_labels": self.train_labels,
+            "released_labels": self.released_labels,
             "strategy": self.strategy,
             "state": sorted(self.state),
         }
@@ -228,6 +232,9 @@ class Checkpoint:
                 fitted=str(manifest["fitted"]),
                 preparation=dict(manifest["preparation"]),
                 train_labels={str(k): int(v) for k, v in manifest["train_labels"].items()},
+                released_labels={
+                    str(k): int(v) for k, v in manifest.get("released_labels", {}).items()
+                },
                 strategy=str(manifest["strategy"]),
                 state={k: arrays[f"strategy/{k}"] for k in manifest["state"]},
             )

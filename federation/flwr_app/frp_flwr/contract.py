@@ -250,6 +250,9 @@ TASKS = ("classification", "regression")
 SMALL_COUNT = 7
 #: The profile's rounding base (``sandbox.profile.ROUNDING_BASE``).
 ROUNDING_BASE = 5
+#: What a suppressed count ("≤7") stands for in figures computed from released counts
+#: (``sandbox.profile.SUPPRESSED_STANDS_FOR``, ADR 0036).
+SUPPRESSED_STANDS_FOR = 4
 
 
 def about(n: int) -> str:
@@ -262,6 +265,18 @@ def about(n: int) -> str:
     if n <= SMALL_COUNT:
         return f"≤{SMALL_COUNT}"
     return f"≈{(n + ROUNDING_BASE // 2) // ROUNDING_BASE * ROUNDING_BASE}"
+
+
+def released(n: int) -> int:
+    """A count as released, as a number (``sandbox.profile.released_count``, which imports
+    Django): ``0``, :data:`SUPPRESSED_STANDS_FOR` for 1–7, else ``n`` rounded to the nearest
+    multiple of 5, halves up. For figures computed from counts and sent to every site (ADR
+    0036): they then say nothing the released counts do not."""
+    if n <= 0:
+        return 0
+    if n <= SMALL_COUNT:
+        return SUPPRESSED_STANDS_FOR
+    return (n + ROUNDING_BASE // 2) // ROUNDING_BASE * ROUNDING_BASE
 
 
 @dataclass(frozen=True)

@@ -893,11 +893,17 @@ def _ask(
 
 @dataclass
 class Prepared:
-    """The outcome of the federated preprocessing (``frp_flwr.preprocess``)."""
+    """The outcome of the federated preprocessing (``frp_flwr.preprocess``).
+
+    ``train_labels``: label → the sites' exact training rows, summed (the ServerApp's own use:
+    the baseline's majority class); ``released_labels``: label → the sum of the sites' counts
+    as released (``trees.released_labels``), for what is sent to every site (the binary
+    ``base_score``)."""
 
     fitted: Fitted
     preparation: Preparation
     train_labels: dict[str, int]
+    released_labels: dict[str, int] = field(default_factory=dict)
 
 
 def prepare(
@@ -965,7 +971,8 @@ def prepare(
         notes=fitted.notes,
         sites={s: st.preparation for s, st in stats.items()},
     )
-    return Prepared(fitted, preparation, train_labels)
+    released_labels = trees.released_labels(st.labels for st in stats.values())
+    return Prepared(fitted, preparation, train_labels, released_labels)
 
 
 def _without_site(error: str, site: str) -> str:
@@ -1235,14 +1242,17 @@ def _make_run(
 
     The job's strategy: ``build_strategy(spec.strategy)``, or for gradient-boosted trees
     (``model.kind == "xgboost"``) Flower's ``FedXgbBagging`` (``trees.strategy``) and the binary
-    ``base_score`` (the pooled share of the second class, ``trees.base_score``) in the config
-    the sites get — set here so that a resumed run has them too."""
+    ``base_score`` (the share of the second class among the sites' released training labels,
+    ``trees.base_score`` of ``prepared.released_labels``) in the config the sites get — set here
+    so that a resumed run has them too. A checkpoint written before the released labels were
+    kept has none: its pooled counts are then released as one count each (ADR 0023)."""
     active, fitted = found.active, prepared.fitted
     classes = fitted.classes
     config = ConfigRecord({"preprocess": fitted.to_text(), "classes": fitted.classes or [""]})
     if cfg.spec.model_kind == "xgboost":  # gradient-boosted trees, bagged (frp_flwr.trees)
         strategy = trees.strategy()
-        config["xgb-base-score"] = trees.base_score(prepared.train_labels, classes)
+        labels = prepared.released_labels or trees.released_labels([prepared.train_labels])
+        config["xgb-base-score"] = trees.base_score(labels, classes)
     else:
         strategy = build_strategy(cfg.spec.strategy)
     run = _Run(
@@ -1917,6 +1927,7 @@ def _checkpoint(run: _Run, rnd: int, snapshot: dict | None = None) -> None:
         fitted=run.prepared.fitted.to_text(),
         preparation=run.prepared.preparation.to_json(),
         train_labels=run.prepared.train_labels,
+        released_labels=run.prepared.released_labels,
         strategy=type(run.strategy).__name__,
         state=state["state"],
     )
@@ -1948,6 +1959,7 @@ def _resume(grid: Grid, cfg: RunConfig, reporter: Reporter, found: _Discovered, 
         Fitted.from_text(saved.fitted),
         Preparation.from_json(saved.preparation),
         saved.train_labels,
+        saved.released_labels,
     )
     answer = reporter.post(replace(found.started, preparation=prepared.preparation))
     faulty = _refuse_by_limits(found, answer.limits, cfg.spec.min_sites)

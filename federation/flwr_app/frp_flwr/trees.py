@@ -18,8 +18,22 @@ always loaded through :func:`load_booster`, which sets ``num_parallel_tree`` bac
 training adds one tree per boosting round. The booster travels as its JSON bytes in a one-array
 ``ArrayRecord`` of ``uint8`` (as Flower's example does); the empty array is the empty model.
 
-Objectives: ``binary:logistic`` (two classes, ``base_score`` = the pooled share of the second class
-from the federated preparation), ``multi:softprob`` (three or more), ``reg:squarederror`` on the
+What a reply carries (issue 9, finding 5; ADR 0023): XGBoost's JSON trees hold, per node, the
+training statistics ``loss_changes`` (split gains), ``sum_hessian`` (covers) and ``base_weights``
+(every node's weight ``−G/(H+λ)``). They give a site's exact training rows to every other site
+(the global booster goes to all): the root's cover is the row count under ``reg:squarederror``
+and ``n·b(1−b)`` for the first ``binary:logistic`` tree, and the gain
+``w_L²(H_L+λ) + w_R²(H_R+λ) − w²(H+λ)`` with the weights is linear in ``H``. Prediction reads
+none of them: a node's split (``split_indices``, ``split_conditions``, ``default_left``, the
+categories) and a leaf's value (``split_conditions`` of a scalar leaf, ``leaf_weights`` of a
+vector leaf). So :func:`pack_trees` strips them (:func:`strip_statistics`): gains 0, internal
+weights 0, a leaf's weight its value, a node's cover the number of leaves under it (the tree's
+shape; covers that add up keep XGBoost's SHAP values defined, all-0 covers would give 0/0), and
+:func:`check_reply` refuses a reply whose statistics are not those. Cover- and gain-based
+importances (``get_score(importance_type="cover"/"gain")``) of a federated model say nothing.
+
+Objectives: ``binary:logistic`` (two classes, ``base_score`` = the share of the second class among
+the sites' training labels as released, :func:`released_labels`), ``multi:softprob`` (three or more), ``reg:squarederror`` on the
 standardised target (``base_score`` 0, the pooled mean). Features are the prepared, standardised
 matrix of ``frp_flwr.preprocess`` (trees do not need the scaling; it does no harm).
 
@@ -35,7 +49,7 @@ from collections.abc import Iterable
 import numpy as np
 from flwr.app import ArrayRecord, Message
 
-from frp_flwr.contract import ContractError
+from frp_flwr.contract import ContractError, released
 from frp_flwr.models import XGBOOST_PARAMS
 
 #: The booster's bytes most a reply or the global model may hold (JSON, bytes).
@@ -83,9 +97,79 @@ def tree_count(raw: bytes) -> int:
         raise ContractError(f"arrays: not an XGBoost tree model ({exc})") from None
 
 
+#: The per-node training statistics of an XGBoost JSON tree (module doc, "What a reply carries").
+STATISTICS = ("loss_changes", "sum_hessian", "base_weights")
+
+
+def _leaves_under(tree: dict) -> list[int]:
+    """Per node of ``tree`` (XGBoost JSON), the number of leaves under it (a leaf: 1; a node
+    not reachable from the root: 0). Raises ``ValueError`` on a child index out of range or a
+    node reached twice (a cycle, or a shared child)."""
+    left, right = tree["left_children"], tree["right_children"]
+    nodes = len(left)
+    if len(right) != nodes or nodes < 1:
+        raise ValueError("children lists of different lengths, or no node")
+    order, stack, seen = [], [0], [False] * nodes
+    while stack:
+        node = stack.pop()
+        if not 0 <= node < nodes or seen[node]:
+            raise ValueError(f"node {node} is out of range or reached twice")
+        seen[node] = True
+        order.append(node)
+        if left[node] != -1:
+            stack += [int(left[node]), int(right[node])]
+    under = [0] * nodes
+    for node in reversed(order):  # children before their parent
+        under[node] = 1 if left[node] == -1 else under[left[node]] + under[right[node]]
+    return under
+
+
+def _stripped(tree: dict) -> dict[str, list[float]]:
+    """The statistics ``tree`` (XGBoost JSON, scalar or vector leaf) may carry: every gain 0,
+    every cover the number of leaves under the node, every internal node's weight 0 and a
+    leaf's weight its value (``split_conditions[i]`` for a scalar leaf; for a vector leaf of
+    width ``k``, ``leaf_weights[j·k:(j+1)·k]`` with ``j = right_children[i]``, as XGBoost's
+    multi-target trees store it). Raises ``ValueError``/``KeyError``/``TypeError``/
+    ``IndexError`` on a malformed tree."""
+    under = _leaves_under(tree)
+    nodes = len(under)
+    width = max(1, int(tree["tree_param"]["size_leaf_vector"]))
+    if int(tree["tree_param"]["num_nodes"]) != nodes:
+        raise ValueError("num_nodes is not the number of nodes")
+    weights: list[float] = []
+    for node in range(nodes):
+        if tree["left_children"][node] != -1 or under[node] == 0:
+            weights += [0.0] * width
+        elif width == 1:
+            weights.append(float(tree["split_conditions"][node]))
+        else:
+            leaf = int(tree["right_children"][node])
+            values = tree["leaf_weights"][leaf * width : (leaf + 1) * width]
+            if leaf < 0 or len(values) != width:
+                raise ValueError(f"leaf {node} has no vector of {width} values")
+            weights += [float(v) for v in values]
+    return {
+        "loss_changes": [0.0] * nodes,
+        "sum_hessian": [float(n) for n in under],
+        "base_weights": weights,
+    }
+
+
+def strip_statistics(model: dict) -> None:
+    """Replace, in place, the training statistics of every tree of ``model`` (the
+    ``learner.gradient_booster.model`` object of XGBoost's JSON) by :func:`_stripped`'s: what a
+    site sends carries only what prediction reads (module doc). Predictions, margins and SHAP
+    values' sums are bit-identical before and after. Raises ``ValueError``/``KeyError``/
+    ``TypeError``/``IndexError`` on a malformed tree."""
+    for tree in model["trees"]:
+        tree.update(_stripped(tree))
+
+
 def check_reply(record: ArrayRecord) -> int:
     """A site's train reply: its new trees (:func:`pack_trees` form), at least one, within
-    :data:`MAX_BOOSTER_BYTES`. Returns the number of trees. Raises ``ContractError``."""
+    :data:`MAX_BOOSTER_BYTES`, carrying no training statistics (:func:`strip_statistics`: a
+    modified ClientApp cannot send its counts to the other sites). Returns the number of trees.
+    Raises ``ContractError``."""
     raw = booster_bytes(record)
     if len(raw) > MAX_BOOSTER_BYTES:
         raise ContractError(f"arrays: a booster of {len(raw)} bytes is above {MAX_BOOSTER_BYTES}")
@@ -98,6 +182,16 @@ def check_reply(record: ArrayRecord) -> int:
         raise ContractError("arrays: the reply holds no tree, or not the trees it counts")
     if int(model["gbtree_model_param"]["num_parallel_tree"]) != trees:
         raise ContractError("arrays: the reply's trees are not packed as one iteration")
+    for i, tree in enumerate(model["trees"]):
+        try:
+            canonical = _stripped(tree)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            raise ContractError(f"arrays: not an XGBoost tree (tree {i}: {exc})") from None
+        if any(tree.get(key) != value for key, value in canonical.items()):
+            raise ContractError(
+                f"arrays: tree {i} carries training statistics (gains, covers or internal "
+                "weights); a site sends only what prediction reads"
+            )
     return trees
 
 
@@ -127,10 +221,12 @@ def load_booster(raw: bytes, params: dict | None = None, cache: list | None = No
 def pack_trees(booster, start: int) -> bytes:
     """The trees of boosting rounds ``start…`` of ``booster`` as JSON bytes, packed as ONE
     iteration (``num_parallel_tree`` = the number of trees; module docstring) for
-    ``FedXgbBagging``'s ``aggregate_bagging``."""
+    ``FedXgbBagging``'s ``aggregate_bagging``, without their training statistics
+    (:func:`strip_statistics`)."""
     part = booster[start : booster.num_boosted_rounds()]
     doc = json.loads(bytes(part.save_raw("json")))
     model = _model(doc)
+    strip_statistics(model)
     trees = int(model["gbtree_model_param"]["num_trees"])
     model["gbtree_model_param"]["num_parallel_tree"] = str(trees)
     model["iteration_indptr"] = [0, trees]
@@ -254,9 +350,24 @@ def aggregate(bagging, global_model: ArrayRecord, rnd: int, replies: Iterable[Me
     return (arrays if arrays is not None else global_model), metrics
 
 
+def released_labels(sites: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Label → the sum over ``sites`` (each label → its training rows) of the site's count as
+    released (``contract.released``: ``sandbox.profile.released_count``'s rule, ADR 0036).
+
+    The binary ``base_score`` is sent to every site at full precision (in the config and in
+    every booster): a share of exact counts is a fraction whose denominator a
+    continued-fraction expansion finds, the pooled training rows, and less one's own rows the
+    others'. A share of released counts gives back only released counts."""
+    out: dict[str, int] = {}
+    for counts in sites:
+        for label, count in counts.items():
+            out[label] = out.get(label, 0) + released(int(count))
+    return out
+
+
 def base_score(train_labels: dict[str, int], classes: list[str]) -> float:
-    """The pooled share of the second class among the training rows (binary ``base_score``),
-    from the federated preparation's label counts; 0.5 when there are none."""
+    """The share of the second class among ``train_labels`` (label → rows; the ServerApp
+    passes :func:`released_labels`), the binary ``base_score``; 0.5 when there are none."""
     total = sum(train_labels.values())
     if total == 0 or len(classes) != 2:
         return 0.5
