@@ -139,7 +139,8 @@ class Checkpoint:
     ``history``: one :class:`task.RoundLog` per round done (player index → weights, examples);
     ``players``: site ids, index = player; ``active``: the sites still training;
     ``fitted``: the fitted preprocessing (``preprocess.Fitted.to_text()``); ``preparation``:
-    ``contract.Preparation.to_json()``; ``train_labels``: label → training rows;
+    ``contract.Preparation.to_json()``; ``train_labels``: label → training rows (as released:
+    ``server_app.Prepared``);
     ``strategy``: the strategy's class name, ``state`` its arrays (:func:`strategy_state`).
     """
 

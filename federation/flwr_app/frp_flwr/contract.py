@@ -250,6 +250,9 @@ TASKS = ("classification", "regression")
 SMALL_COUNT = 7
 #: The profile's rounding base (``sandbox.profile.ROUNDING_BASE``).
 ROUNDING_BASE = 5
+#: What a count of 1–7 stands for where released counts are added up or divided
+#: (``sandbox.profile.SUPPRESSED_STANDS_FOR``).
+SUPPRESSED_STANDS_FOR = 4
 
 
 def about(n: int) -> str:
@@ -262,6 +265,21 @@ def about(n: int) -> str:
     if n <= SMALL_COUNT:
         return f"≤{SMALL_COUNT}"
     return f"≈{(n + ROUNDING_BASE // 2) // ROUNDING_BASE * ROUNDING_BASE}"
+
+
+def released(n: int) -> int:
+    """A count as released to researchers, as a number (``sandbox.profile.released_count``, the
+    rule of ADR 0036): ``0`` for 0, ``SUPPRESSED_STANDS_FOR`` (4) for 1–7, else the nearest
+    multiple of 5 (``157 → 155``). A ratio or sum of released counts tells nothing the released
+    counts do not; the ServerApp fits its count-type statistics from them (``frp_flwr.preprocess``,
+    issue 9, finding 5). Raises ``ValueError`` for a negative ``n``."""
+    if n < 0:
+        raise ValueError(f"a count cannot be negative: {n}")
+    if n == 0:
+        return 0
+    if n <= SMALL_COUNT:
+        return SUPPRESSED_STANDS_FOR
+    return (n + ROUNDING_BASE // 2) // ROUNDING_BASE * ROUNDING_BASE
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,7 @@ from frp_flwr.contract import (
     examples_problem,
     finite_or_none,
     metering_problem,
+    released,
     reply_error,
 )
 from frp_flwr.metrics import baseline, pooled_metrics, site_metrics
@@ -893,7 +894,9 @@ def _ask(
 
 @dataclass
 class Prepared:
-    """The outcome of the federated preprocessing (``frp_flwr.preprocess``)."""
+    """The outcome of the federated preprocessing (``frp_flwr.preprocess``); ``train_labels``:
+    label → the sum of the sites' released training rows of it (``contract.released``), for the
+    trees' base score and the majority-class baseline."""
 
     fitted: Fitted
     preparation: Preparation
@@ -954,10 +957,12 @@ def prepare(
         standardise_from(fitted, list(stats.values()))
     except PreprocessError as exc:
         raise JobFailed(f"preparing the data: {exc}") from None
+    # as released (contract.released): the binary trees' base score, a share of these, is sent
+    # to every site, and a share of exact counts gives the pooled rows back (issue 9, finding 5)
     train_labels: dict[str, int] = {}
     for st in stats.values():
         for label, count in st.labels.items():
-            train_labels[label] = train_labels.get(label, 0) + count
+            train_labels[label] = train_labels.get(label, 0) + released(count)
     preparation = Preparation(
         task=spec.task,
         columns=fitted.columns(),

@@ -256,7 +256,8 @@ def aggregate(bagging, global_model: ArrayRecord, rnd: int, replies: Iterable[Me
 
 def base_score(train_labels: dict[str, int], classes: list[str]) -> float:
     """The pooled share of the second class among the training rows (binary ``base_score``),
-    from the federated preparation's label counts; 0.5 when there are none."""
+    from the federated preparation's label counts (``server_app.Prepared.train_labels``: sums of
+    the sites' released counts, since every site receives the share); 0.5 when there are none."""
     total = sum(train_labels.values())
     if total == 0 or len(classes) != 2:
         return 0.5
