@@ -21,6 +21,7 @@ from django.conf import settings
 
 from federation import method
 from federation.exporters import ExportError, ExportInput, export
+from federation.models import ReleaseStatus
 from frp_flwr import checkpoints
 from sandbox.profile import released_total, safe_count
 from sandbox.storage import ObjectStore, StorageError, store_from_url
@@ -167,11 +168,21 @@ def _pooled_metrics_shown(metrics, examples) -> dict | None:
     return out
 
 
+def _released(job) -> bool:
+    release = getattr(job, "release", None)
+    return release is not None and release.status == ReleaseStatus.APPROVED
+
+
 def model_card(job) -> dict:
     """The model card of a finished ``job`` (shown on its page and downloadable as JSON):
     datasets and versions per site, preprocessing, model, strategy, rounds, metrics, ε (when a
     privacy setting recorded one), contribution, how to load the file. Raises nothing: a part
-    that is not there is ``None``."""
+    that is not there is ``None``.
+
+    ``preprocessing`` is the job's plans (``{"plans": [...]}``) until the airlock has released
+    the model, then the fitted preprocessing the file carries: its one-hot and missing-indicator
+    statistics are shares of the pooled training rows, exact in jobs fitted before issue 9,
+    finding 5, and the card goes to every project member (ADR 0036)."""
     final = job.final_metrics or {}
     job_sites = list(job.sites.select_related("site", "dataset_version__dataset"))
     sites = [
@@ -217,7 +228,8 @@ def model_card(job) -> dict:
         "target": job.target_column,
         "features": list(job.feature_columns),
         "classes": final.get("classes", []),
-        "preprocessing": final.get("preprocessing") or {"plans": job.preprocessing},
+        "preprocessing": (final.get("preprocessing") if _released(job) else None)
+        or {"plans": job.preprocessing},
         "preparation": _preparation_shown(job.preparation),
         "datasets": sites,
         "metrics": {

@@ -121,9 +121,9 @@ def job_progress(*, job: FederatedJob, user=None) -> dict:
     SuperNode went offline, its ClientApp failed, it was dropped or its figures were refused);
     each site row also gets ``lost_round`` (``None`` when not lost). Each site carries
     ``train_rows``/``test_rows`` (its latest round's) and ``final_metrics`` the job's (without the
-    model), with row counts exact only for ``user``'s own sites as a data steward, else under the
-    disclosure rule (:func:`shown_count`): the examples a site trains and evaluates on are its
-    dataset's rows.
+    model, and without the fitted preprocessing unless ``user`` stewards every site), with row
+    counts exact only for ``user``'s own sites as a data steward, else under the disclosure rule
+    (:func:`shown_count`): the examples a site trains and evaluates on are its dataset's rows.
     """
     rounds = list(RoundMetric.objects.filter(job=job).order_by("round"))
     sites = list(job.sites.select_related("site__institution", "dataset_version__dataset", "pool"))
@@ -214,9 +214,14 @@ def _final_metrics_shown(final: dict, exact: dict[str, bool], held_out: list[int
     """``job.final_metrics`` without the model, its row counts under :func:`shown_count`: the
     total held-out rows (and the pooled metrics' examples and confusion cells) exact only for a
     steward of every site, else from the sites' released counts (:func:`pooled_shown`), each
-    site's in the contribution only for its own stewards."""
+    site's in the contribution only for its own stewards. The fitted ``preprocessing`` only for
+    a steward of every site: its one-hot and missing-indicator statistics are shares of the
+    pooled training rows, exact in jobs fitted before issue 9, finding 5 (ADR 0036); everyone
+    else gets it in the model file once the airlock has released it."""
     out = {k: v for k, v in final.items() if k != "model"}
     every = bool(exact) and all(exact.values())
+    if not every:
+        out.pop("preprocessing", None)
     if "eval_examples" in out:
         out["eval_examples"] = pooled_shown(out["eval_examples"], held_out, exact=every)
     if isinstance(out.get("metrics"), dict):
@@ -541,7 +546,8 @@ def job_results(*, job: FederatedJob, user=None) -> dict:
 
 def public_final_metrics(final: dict) -> dict:
     """Final metrics for the JSON endpoint (``job_progress``'s ``final_metrics``: without the
-    model, row counts under the disclosure rule), with confusion cells of 1–7 as ``"≤ 7"``."""
+    model, row counts under the disclosure rule, the fitted preprocessing for a steward of every
+    site only), with confusion cells of 1–7 as ``"≤ 7"``."""
     out = {k: v for k, v in (final or {}).items() if k != "model"}
     metrics = out.get("metrics")
     if isinstance(metrics, dict) and metrics.get("confusion"):

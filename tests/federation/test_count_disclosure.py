@@ -21,9 +21,11 @@ Released: pooled total = ≤7 + 10 + 40 = "≈50 + ≤7"; cells under the rule: 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from federation import artifacts
+from federation import artifacts, services
 from federation.models import SiteRoundMetric
 from federation.selectors import job_results
 from frp_flwr import contract
@@ -149,3 +151,126 @@ def test_the_serverapps_examples_refusal_names_rows_only_as_released():
         "reported ≈300 train examples; the dataset version registered for this site has ≈195 "
         "rows, so its train split holds at most ≈155"
     )
+
+
+# --- the fitted preprocessing (a missing indicator's mean is missing cells / pooled rows) ----
+
+#: A fitted preprocessing as a ServerApp fitted it before the fix: two sites of 23 and 53 training
+#: rows (76 pooled, released 25 + 55 = 80) with 13 cells of ``x`` missing. The indicator's mean
+#: 13/76 = 0.171052631578… is a fraction whose continued-fraction expansion gives 76 back, the
+#: one-hot shares 32/76 and 44/76 too; less one's own 23, the other site's exact 53.
+FITTED = {
+    "task": "classification",
+    "classes": ["no", "yes"],
+    "features": [
+        {"name": "x", "kind": "numeric", "missing": "mean", "indicator": True, "fill": 50.1746},
+        {
+            "name": "colour",
+            "kind": "categorical",
+            "missing": "most_frequent",
+            "indicator": False,
+            "fill": "red",
+            "vocabulary": ["blue", "red"],
+        },
+    ],
+    "mean": [50.1746, 13 / 76, 32 / 76, 44 / 76, 0.0],
+    "std": [
+        16.2,
+        (13 * 63) ** 0.5 / 76,
+        (32 * 44) ** 0.5 / 76,
+        (44 * 32) ** 0.5 / 76,
+        1.0,
+    ],
+    "target_mean": 0.0,
+    "target_std": 1.0,
+    "notes": [],
+}
+
+
+@pytest.fixture
+def fitted_job(settings, tmp_path):
+    settings.FRP_MODEL_STORE_URL = (tmp_path / "model-store").as_uri()
+    job = running_job(2, rounds=1)
+    post(
+        job,
+        "round",
+        round=1,
+        sites={
+            "s0": {"ok": True, "train_examples": 23, "eval_examples": 6},
+            "s1": {"ok": True, "train_examples": 53, "eval_examples": 13},
+        },
+    )
+    post(
+        job,
+        "finished",
+        rounds=1,
+        eval_accuracy=0.9,
+        eval_loss=0.2,
+        eval_examples=19,
+        classes=["no", "yes"],
+        model=[[[0.5]] * 5, [0.0]],
+        preprocessing=FITTED,
+    )
+    return finish(job)
+
+
+def _count_ratios_in(text: str) -> list[str]:
+    """The fitted statistics above that are ratios of counts, as JSON writes them."""
+    return [
+        json.dumps(v) for v in (*FITTED["mean"][1:4], *FITTED["std"][1:4]) if json.dumps(v) in text
+    ]
+
+
+def test_progress_json_leaves_the_fitted_preprocessing_out_except_for_a_steward_of_every_site(
+    client, fitted_job
+):
+    """The fitted preprocessing's one-hot and missing-indicator statistics are shares of the
+    pooled rows: a researcher gets neither it nor any of its figures; a steward of both sites
+    gets it as posted (the pooled rows are exact for them)."""
+    steward = UserFactory()
+    for js in fitted_job.sites.select_related("site"):
+        Membership.objects.create(
+            user=steward, institution=js.site.institution, role=Role.DATA_STEWARD
+        )
+    one_site = UserFactory()
+    Membership.objects.create(
+        user=one_site,
+        institution=fitted_job.sites.get(site__slug="s0").site.institution,
+        role=Role.DATA_STEWARD,
+    )
+    url = f"/jobs/{fitted_job.pk}/progress.json"
+
+    client.force_login(fitted_job.submitted_by)
+    researcher = client.get(url)
+    client.force_login(one_site)
+    of_one = client.get(url)
+    client.force_login(steward)
+    of_every = client.get(url).json()["final_metrics"]
+
+    assert "preprocessing" not in researcher.json()["final_metrics"]
+    assert _count_ratios_in(researcher.content.decode()) == []
+    assert "preprocessing" not in of_one.json()["final_metrics"]  # the other site's rows too
+    assert _count_ratios_in(of_one.content.decode()) == []
+    assert of_every["preprocessing"] == FITTED
+
+
+def test_model_card_gives_the_fitted_preprocessing_only_once_the_airlock_released_the_model(
+    fitted_job,
+):
+    """Before the airlock the card (page and JSON, every project member) names the plans only;
+    the released model file carries the fitted preprocessing, and so does the card then."""
+    before = artifacts.model_card(fitted_job)
+
+    release = services.release_request(by=fitted_job.submitted_by, job=fitted_job)
+    for js in fitted_job.sites.select_related("site"):
+        steward = UserFactory()
+        Membership.objects.create(
+            user=steward, institution=js.site.institution, role=Role.DATA_STEWARD
+        )
+        services.release_decide(by=steward, release_id=release.pk, site=js.site, approve=True)
+    fitted_job.refresh_from_db()
+    after = artifacts.model_card(fitted_job)
+
+    assert before["preprocessing"] == {"plans": fitted_job.preprocessing}
+    assert _count_ratios_in(json.dumps(before)) == []
+    assert after["preprocessing"] == FITTED

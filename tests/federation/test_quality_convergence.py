@@ -8,9 +8,12 @@ with the app's L2 penalty (``LogisticRegression(C = 1 / (L2_PENALTY · n_train))
 splits and the same preprocessing (``SimpleImputer(median, add_indicator)``, ``StandardScaler``).
 Its optimum is also computed on the app's own design matrix, so the federated model's distance
 from it is measured as a number (the penalised mean cross-entropy, nats), not as one row more or
-less: 8 rounds of 5 epochs at 0.1 (the settings before) stop 0.116 above it and miss a borderline
-held-out row (ratio 0.971); 10 rounds of 20 epochs at 0.3 come within 0.019 and miss none that the
-centralised model gets right. The optimum itself is 0.005: the classes are nearly separable, so
+less: 8 rounds of 5 epochs at 0.1 (the settings before) stop 0.116 above it and missed a
+borderline held-out row (ratio 0.971) under the exact standardisation; 10 rounds of 20 epochs at
+0.3 come within 0.019 and miss none that the centralised model gets right. Since the sites
+receive the standardisation rounded to a few standard errors (issue 9, finding 5) the short run
+stops 0.119 above the optimum and the borderline row happens to land right (ratio 1.0), the long
+one comes within 0.020: the distance, not one row, is what the settings are chosen by. The optimum itself is 0.005: the classes are nearly separable, so
 the weights grow slowly towards it and more rounds keep closing the gap.
 
 FedAvg here is the app's ``fedavg_delta`` over all sites (the example-weighted mean the
@@ -154,9 +157,9 @@ def test_the_integration_settings_reach_the_centralised_accuracy_and_the_optimum
 
 
 def test_eight_rounds_of_five_epochs_stop_far_from_the_optimum():
-    """The cause of the 0.971 ratio measured before: training stopped early, not the data."""
+    """The cause of the 0.971 ratio measured before: training stopped early, not the data. (Its
+    one borderline row is no longer missed since the standardisation is the released one, module
+    doc; the distance from the optimum is what stays.)"""
     names, frames, sites, classes, train, test = _world()
-    centralised, _ = _centralised_accuracy(names, frames, sites)
-    accuracy, objective = _federated(train, test, classes, rounds=8, epochs=5, learning_rate=0.1)
+    _, objective = _federated(train, test, classes, rounds=8, epochs=5, learning_rate=0.1)
     assert objective - _optimum(train) > 0.1  # nats
-    assert accuracy < 0.98 * centralised

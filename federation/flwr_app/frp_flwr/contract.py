@@ -268,11 +268,14 @@ def about(n: int) -> str:
 
 
 def released(n: int) -> int:
-    """A count as released, as a number (``sandbox.profile.released_count``, which imports
-    Django): ``0``, :data:`SUPPRESSED_STANDS_FOR` for 1–7, else ``n`` rounded to the nearest
-    multiple of 5, halves up. For figures computed from counts and sent to every site (ADR
-    0036): they then say nothing the released counts do not."""
-    if n <= 0:
+    """A count as released to researchers, as a number (``sandbox.profile.released_count``, the
+    rule of ADR 0036): ``0`` for 0, ``SUPPRESSED_STANDS_FOR`` (4) for 1–7, else the nearest
+    multiple of 5 (``157 → 155``). A ratio or sum of released counts tells nothing the released
+    counts do not; the ServerApp fits its count-type statistics from them (``frp_flwr.preprocess``,
+    issue 9, finding 5). Raises ``ValueError`` for a negative ``n``."""
+    if n < 0:
+        raise ValueError(f"a count cannot be negative: {n}")
+    if n == 0:
         return 0
     if n <= SMALL_COUNT:
         return SUPPRESSED_STANDS_FOR

@@ -22,6 +22,22 @@ always dropped; a row with a missing cell in a "drop" feature is dropped; other 
 the fitted fill; a categorical value outside the federated vocabulary becomes "(other)". The
 result holds no NaN or infinity (checked: :class:`PreprocessError`).
 
+What the sites (and, through the ServerApp's events, the portal) receive gives no exact count
+back (issue 9, finding 5; ADR 0036). A statistic computed from exact counts does: a missing
+indicator's mean ``missing / rows`` is a fraction whose continued-fraction expansion gives the
+pooled rows, and less one's own site's rows, another site's. So:
+
+- **count-type statistics** — the mean and std of a 0/1 model column (one-hot, missing
+  indicator), the counts behind a federated median, the label counts — are computed from each
+  site's counts as released (``contract.released``, the profile's rule as a number): a function of
+  what researchers already see;
+- **value-type statistics** — a numeric or date feature's mean fill, its quantile grid, its
+  column's mean and std, a regression target's — are rounded to a power of two of 2–4 standard
+  errors (:func:`released_moments`): a sum of integer values (an integer or date column) over
+  its cells is a fraction too, and after the rounding every total its released counts allow is
+  consistent with it. Standardisation needs only a consistent affine map, and a fill within a
+  few standard errors of the pooled mean is as good as the mean.
+
 Pooled combination of ``(n, mean, M2)``: Chan, Golub & LeVeque (1979), as ``task.combine_sums``.
 """
 
@@ -40,12 +56,16 @@ from frp_flwr.contract import (
     SitePreparation,
     SiteQuantiles,
     SiteSummary,
+    released,
 )
 
 #: The one-hot column of values outside the federated vocabulary (rare or unseen ones).
 OTHER = "(other)"
 #: Points of the quantile grid for a federated median (resolution 2·std / (points − 1)).
 GRID_POINTS = 513
+#: A value-type statistic's rounding step is the power of two at or above this many standard
+#: errors (std / √rows): see :func:`released_moments`.
+STANDARD_ERRORS = 2
 
 
 class PreprocessError(ValueError):
@@ -227,22 +247,51 @@ def _combine(parts: list[tuple[int, float, float]]) -> tuple[int, float, float]:
     return n, mean, m2
 
 
+def released_rows(counts) -> int:
+    """The sum of ``counts`` (ints ≥ 0) as released: ``Σ contract.released(n)``."""
+    return sum(released(int(n)) for n in counts)
+
+
+def released_moments(mean: float, std: float, rows: int) -> tuple[float, float]:
+    """A value-type column's pooled ``(mean, std)`` (its units) as the fitted preprocessing gives
+    them out: both rounded to the nearest multiple of ``step``, the power of two in
+    ``[2, 4)`` standard errors ``std / √rows``, ``rows`` the cells' released total
+    (:func:`released_rows`); the std to at least one step. A constant column (``std == 0``) or no
+    rows: unchanged.
+
+    Why this hides the cells' count: an integer column's exact mean ``S / n`` gives ``n`` back
+    (``Fraction(mean).limit_denominator()``, or trying each ``n`` its released count allows). A
+    column on a lattice of spacing ``q`` that is not constant has ``M2 ≥ q²(n − 1)/n``, so
+    ``step ≥ 2·std/√rows`` makes the interval of sums that round to the published mean at least
+    ``n' · step ≈ 2√M2 ≥ q`` wide for every total ``n'`` near the released one: each holds a
+    lattice sum, and the mean rules none out. Not covered: a column in which only a few cells
+    differ from the rest (its std says how few; the profile's std at 3 significant figures says
+    as much).
+    """
+    if not (std > 0 and rows > 0 and math.isfinite(mean) and math.isfinite(std)):
+        return mean, std
+    step = 2.0 ** math.ceil(math.log2(STANDARD_ERRORS * std / math.sqrt(rows)))
+    return round(mean / step) * step, max(round(std / step), 1) * step
+
+
 # ---------------------------------------------------------------------------------------------
 # 2. Quantiles (federated median)
 # ---------------------------------------------------------------------------------------------
 
 
 def quantile_grids(spec: JobSpec, summaries: list[SiteSummary]) -> dict[str, list[float]]:
-    """The grid of each "median" feature: ``GRID_POINTS`` points over pooled ``mean ± std``."""
+    """The grid of each "median" feature: ``GRID_POINTS`` points over pooled ``mean ± std``
+    (:func:`released_moments`: the grid is sent to every site)."""
     grids = {}
     for name in spec.features:
         plan = spec.plan(name)
         if plan.kind == "categorical" or plan.missing != "median":
             continue
-        n, mean, m2 = _combine([_feature_sums(s, name) for s in summaries])
+        parts = [_feature_sums(s, name) for s in summaries]
+        n, mean, m2 = _combine(parts)
         if n == 0:
             continue
-        std = math.sqrt(m2 / n)
+        mean, std = released_moments(mean, math.sqrt(m2 / n), released_rows(p[0] for p in parts))
         grids[name] = (
             [mean] if std == 0 else np.linspace(mean - std, mean + std, GRID_POINTS).tolist()
         )
@@ -266,7 +315,9 @@ def site_quantiles(frame: SiteFrame, grids: dict[str, list[float]]) -> SiteQuant
 
 def median_from_counts(grid: list[float], counts: list[int], n: int) -> float:
     """The pooled median from pooled cumulative ``counts`` at ``grid`` (``n`` values in all),
-    linearly interpolated within the grid step where the count reaches ``n / 2``."""
+    linearly interpolated within the grid step where the count reaches ``n / 2``. :func:`fit`
+    passes the sums of the sites' released counts: the interpolation's share ``(n/2 − low) /
+    (high − low)`` of exact counts would be a fraction of counts in the fill."""
     half = n / 2
     k = int(np.searchsorted(np.asarray(counts), half, side="left"))
     if k == 0 or len(grid) == 1:
@@ -303,6 +354,13 @@ class FittedFeature:
             cols = [self.name]
         return cols + ([f"{self.name} (missing)"] if self.indicator else [])
 
+    def column_kinds(self) -> list[str]:
+        """Per model column (as :meth:`columns`): ``"count"`` for a 0/1 column (one-hot, missing
+        indicator), whose mean is a share of the rows, ``"value"`` for the feature's values."""
+        width = len(self.vocabulary) + 1 if self.kind == "categorical" else 1
+        kind = "count" if self.kind == "categorical" else "value"
+        return [kind] * width + (["count"] if self.indicator else [])
+
 
 @dataclass
 class Fitted:
@@ -324,6 +382,10 @@ class Fitted:
 
     def columns(self) -> list[str]:
         return [c for f in self.features for c in f.columns()]
+
+    def column_kinds(self) -> list[str]:
+        """``"count"`` or ``"value"`` per model column (:meth:`FittedFeature.column_kinds`)."""
+        return [k for f in self.features for k in f.column_kinds()]
 
     def to_text(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"), allow_nan=False)
@@ -363,8 +425,12 @@ def fit(
 ) -> Fitted:
     """Steps 1–2 (module doc): fills and vocabularies from the sites' aggregates.
 
-    A numeric or date feature with no value at any site, or a categorical one with no value, is
-    left out with a note. Raises ``PreprocessError`` when no feature is left.
+    A "mean" fill is the pooled mean as :func:`released_moments` gives it out, a "median" fill
+    the median of the sums of the sites' released cumulative counts (``contract.released``), a
+    "most_frequent" one the value with the most rows (a name, no count). A numeric or date
+    feature with no value at any site, or a categorical one with no value, is left out with a
+    note. Raises ``PreprocessError`` when no feature is left, or a "median" feature has no
+    quantiles at a site.
     """
     features, notes = [], []
     for name in spec.features:
@@ -388,18 +454,21 @@ def fit(
             if plan.missing == "most_frequent":
                 fitted.fill = min(totals, key=lambda v: (-totals[v], v)) if totals else OTHER
         else:
-            n, mean, _ = _combine([(p.n, p.mean, p.m2) for p in parts])
+            n, mean, m2 = _combine([(p.n, p.mean, p.m2) for p in parts])
             if n == 0:
                 notes.append(f"{name}: no value at any site; left out")
                 continue
+            cells = released_rows(p.n for p in parts)
             if plan.missing == "mean":
-                fitted.fill = mean
+                fitted.fill = released_moments(mean, math.sqrt(m2 / n), cells)[0]
             elif plan.missing == "median":
                 grid = (grids or {}).get(name)
                 if grid is None or not quantiles:
                     raise PreprocessError(f"feature {name!r}: no quantiles for its median")
-                pooled = np.sum([q.features[name] for q in quantiles], axis=0).tolist()
-                fitted.fill = median_from_counts(grid, pooled, n)
+                pooled = np.sum(
+                    [[released(c) for c in q.features[name]] for q in quantiles], axis=0
+                ).tolist()
+                fitted.fill = median_from_counts(grid, pooled, cells)
         features.append(fitted)
     if not features:
         raise PreprocessError("no feature has a value at any site")
@@ -407,30 +476,44 @@ def fit(
 
 
 def standardise_from(fitted: Fitted, stats: list[DesignStats]) -> None:
-    """Step 3 (module doc): set ``fitted.mean``/``std`` (population std, 0 → 1) and, for
-    regression, ``target_mean``/``target_std`` from the sites' design statistics."""
+    """Step 3 (module doc): set ``fitted.mean``/``std`` (one per model column) and, for
+    regression, ``target_mean``/``target_std`` from the sites' design statistics.
+
+    A count column's (:meth:`Fitted.column_kinds`) mean is ``p = Σ released(ones) / Σ
+    released(rows)`` over the sites (a site's ones read back from its mean × rows), its std
+    ``√(p(1 − p))``; a value column's (and the target's) are the pooled mean and population std
+    as :func:`released_moments` gives them out (rows: the released training rows). A std of 0
+    becomes 1. Raises ``PreprocessError`` when a site's statistics have the wrong width or no
+    site has a training row.
+    """
     width = len(fitted.columns())
-    n, mean, m2 = 0, np.zeros(width), np.zeros(width)
-    for s in stats:
-        if s.num_examples == 0:
-            continue
-        mean_b, m2_b = np.asarray(s.mean, dtype=np.float64), np.asarray(s.m2, dtype=np.float64)
-        if len(mean_b) != width:
+    kinds = fitted.column_kinds()
+    parts = [s for s in stats if s.num_examples > 0]
+    for s in parts:
+        if len(s.mean) != width or len(s.m2) != width:
             raise PreprocessError("a site's design statistics have the wrong width")
-        total = n + s.num_examples
-        delta = mean_b - mean
-        mean = mean + delta * (s.num_examples / total)
-        m2 = m2 + m2_b + np.square(delta) * (n * s.num_examples / total)
-        n = total
-    if n == 0:
+    if not parts:
         raise PreprocessError("no training rows at any site after preparing the data")
-    std = np.sqrt(m2 / n)
+    rows = released_rows(s.num_examples for s in parts)
+    mean, std = np.zeros(width), np.ones(width)
+    for j, kind in enumerate(kinds):
+        if kind == "count":
+            ones = [min(max(round(s.mean[j] * s.num_examples), 0), s.num_examples) for s in parts]
+            p = released_rows(ones) / rows
+            mean[j], std[j] = p, math.sqrt(p * (1 - p))
+        else:
+            n, m, m2 = _combine([(s.num_examples, s.mean[j], s.m2[j]) for s in parts])
+            mean[j], std[j] = released_moments(m, math.sqrt(m2 / n), rows)
     std[std == 0] = 1.0
     fitted.mean, fitted.std = mean.tolist(), std.tolist()
     if fitted.task == "regression":
         tn, tmean, tm2 = _combine([(s.target_n, s.target_mean, s.target_m2) for s in stats])
-        fitted.target_mean = tmean
-        fitted.target_std = math.sqrt(tm2 / tn) if tn and tm2 > 0 else 1.0
+        if tn and tm2 > 0:
+            fitted.target_mean, fitted.target_std = released_moments(
+                tmean, math.sqrt(tm2 / tn), released_rows(s.target_n for s in stats)
+            )
+        else:
+            fitted.target_mean, fitted.target_std = tmean, 1.0
 
 
 # ---------------------------------------------------------------------------------------------
