@@ -214,6 +214,7 @@ def start(
     tls_names: list[str] | None = None,
     superexec_poll: float | None = SUPEREXEC_POLL_SECONDS,
     fleet_gateway_on: bool = False,
+    gateway_limits: fleet_gateway.GatewayLimits | None = None,
 ) -> FederationState:
     """Start a SuperLink and one SuperNode per site under ``root``; return their state.
 
@@ -231,7 +232,9 @@ def start(
     network namespaces dial it at the addresses in ``tls_names``, which the certificate names):
     the SuperLink listens on ``127.0.0.1`` only and a Fleet gateway (nginx) on ``host`` forwards
     only the Fleet API to it (ADR 0033); ``fleet_gateway_on`` puts the gateway in front of a
-    loopback SuperLink too (tests). There is no way to publish the SuperLink itself. Raises
+    loopback SuperLink too (tests); ``gateway_limits``: what one client address may hold of it
+    (body size, connections, rate, timeouts; ``fleet_gateway.GatewayLimits()`` by default). There
+    is no way to publish the SuperLink itself. Raises
     ``RuntimeError_`` (saying to install Debian's ``nginx``) when a gateway is needed and nginx is
     not installed, and for a gateway without TLS (``insecure``).
     """
@@ -314,6 +317,7 @@ def start(
                     cert=Path(cert.cert),
                     key=Path(cert.key),
                     ca=Path(ca.cert),
+                    limits=gateway_limits,
                 )
             except fleet_gateway.GatewayError as exc:
                 raise RuntimeError_(f"the Fleet gateway did not start: {exc}") from exc

@@ -354,11 +354,112 @@ def test_proxy_forwards_only_the_fleet_api_to_the_superlink(resolved):
     assert sorted(everywhere) == sorted(["http://web:8000", "https://frp_superlink/v1/fleet/"])
 
 
+#: Directives the Fleet gateway sets on its server (federation/fleet_gateway.py) that the compose
+#: proxy's Fleet server must set alike (ADR 0033: what one client address may hold).
+_FLEET_LIMIT_DIRECTIVES = (
+    "client_max_body_size",
+    "client_header_timeout",
+    "client_body_timeout",
+    "send_timeout",
+    "keepalive_timeout",
+    "reset_timedout_connection",
+    "limit_conn",
+    "limit_conn_status",
+    "limit_req_status",
+    "limit_req",
+    "proxy_request_buffering",
+    "proxy_buffering",
+    "proxy_send_timeout",
+    "proxy_read_timeout",
+)
+
+
+def _directives(block: str, names: tuple[str, ...]) -> dict[str, list[str]]:
+    """``name`` → the values of every ``name …;`` line in ``block`` (and ``proxy_set_header``s)."""
+    found: dict[str, list[str]] = {}
+    for name, value in re.findall(r"^\s*([a-z_]+)\s+([^;{]*);", block, re.M):
+        if name in names or name == "proxy_set_header":
+            found.setdefault(name, []).append(" ".join(value.split()))
+    return found
+
+
+def test_proxy_fleet_server_limits_each_client_as_the_gateway_does(resolved):
+    """Issues 9/13, a hostile re-test: the compose Fleet server caps bodies at
+    ``FRP_FLEET_MAX_BODY_MB`` (default: the gateway's 16 MiB), refuses chunked bodies, limits each
+    client address and times out slow clients with the same directives and values as the local
+    runtime's gateway, whose behaviour tests/federation/test_fleet_gateway.py checks on a real
+    nginx; it overwrites X-Forwarded-For and has room for the connections."""
+    from federation import fleet_gateway
+
+    nginx = resolved["configs"]["nginx"]["content"]
+    fleet = _nginx_servers(nginx)[f"{_env_example()['FRP_SUPERLINK_PORT']} ssl"]
+    gateway_text = fleet_gateway.config_text(
+        Path("/g"),
+        listen_host="0.0.0.0",  # noqa: S104
+        listen_port=1,
+        upstream_port=2,
+        cert=Path("/c"),
+        key=Path("/k"),
+        ca=Path("/a"),
+        ssl_handshake_timeout=True,
+    )
+    (gateway,) = _nginx_servers(gateway_text).values()
+    names = (*_FLEET_LIMIT_DIRECTIVES, "ssl_handshake_timeout")
+    expected, got = _directives(gateway, names), _directives(fleet, names)
+    assert set(expected) == set(names) | {"proxy_set_header"}
+    for name in names:
+        assert got.get(name) == expected[name], name
+    assert (
+        "client_max_body_size ${FRP_FLEET_MAX_BODY_MB:-16}m;"
+        in (ROOT / "docker-compose.yml").read_text()
+    )
+    assert f"{fleet_gateway.MAX_BODY_MB}m" == expected["client_max_body_size"][0]
+    forwarded = [h for h in got["proxy_set_header"] if h.lower().startswith("x-forwarded-")]
+    assert forwarded == ["X-Forwarded-For $remote_addr", "X-Forwarded-Proto https"]
+    assert forwarded == [h for h in expected["proxy_set_header"] if h.startswith("X-Forwarded-")]
+    assert re.search(r"if \(\$http_transfer_encoding\) \{\s*return 411;\s*\}", fleet)
+    for zone in ("limit_conn_zone", "limit_req_zone"):
+        (mine,) = re.findall(rf"{zone} ([^;]+);", gateway_text)
+        assert re.findall(rf"{zone} ([^;]+);", nginx) == [mine], zone
+    main = resolved["configs"]["nginx-main"]["content"]
+    limits = fleet_gateway.GatewayLimits()
+    assert f"worker_connections {limits.worker_connections};" in main
+    assert f"worker_rlimit_nofile {2 * limits.worker_connections};" in main
+    assert "include /etc/nginx/conf.d/*.conf;" in main
+    proxy = {c["target"]: c["source"] for c in resolved["services"]["proxy"]["configs"]}
+    assert proxy["/etc/nginx/nginx.conf"] == "nginx-main"
+    assert proxy["/etc/nginx/conf.d/default.conf"] == "nginx"
+
+
+def test_proxy_portal_upload_cap_is_the_portal_upload_limit(resolved):
+    """The portal's HTTPS server caps bodies at ``FRP_MAX_UPLOAD_BYTES``, the number web's
+    Django refuses uploads above (one variable, the settings' default when unset), and closes
+    connections whose request header does not arrive in 10 s."""
+    from django.conf import settings
+
+    nginx = resolved["configs"]["nginx"]["content"]
+    portal = _nginx_servers(nginx)["443 ssl"]
+    web_limit = _environment(resolved["services"]["web"])["FRP_MAX_UPLOAD_BYTES"]
+    assert _directives(portal, ("client_max_body_size",))["client_max_body_size"] == [
+        str(web_limit)
+    ]
+    assert int(web_limit) == settings.FRP_MAX_UPLOAD_BYTES == 64 * 1024 * 1024
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert "client_max_body_size ${FRP_MAX_UPLOAD_BYTES:-67108864};" in text
+    assert "FRP_MAX_UPLOAD_BYTES: ${FRP_MAX_UPLOAD_BYTES:-67108864}" in text
+    for server in _nginx_servers(nginx).values():
+        assert "client_header_timeout 10s;" in server
+
+
 def test_proxy_nginx_config_passes_nginx_t(resolved, tmp_path):
-    """The proxy's configuration, as compose interpolates it, is accepted by Debian's nginx
-    (``nginx -t``), with the container's files replaced by real ones made here and the compose
-    service names pointed at loopback (nginx resolves them while it reads the file)."""
+    """The proxy's configuration, as compose interpolates it (its own nginx.conf including the
+    servers' file), is accepted by Debian's nginx (``nginx -t``), with the container's files
+    replaced by real ones made here and the compose service names pointed at loopback (nginx
+    resolves them while it reads the file). ``ssl_handshake_timeout`` (nginx 1.25.3, the image
+    has 1.27) is left out for an older Debian nginx, which has no such directive."""
     import shutil
+
+    from federation import fleet_gateway
 
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     if not Path(nginx).exists():
@@ -368,6 +469,9 @@ def test_proxy_nginx_config_passes_nginx_t(resolved, tmp_path):
     ca = pki.ca_load_or_create(tmp_path / "pki")
     leaf = pki.server_certificate_issue(ca, tmp_path / "pki", name="s", hosts=["superlink"])
     text = resolved["configs"]["nginx"]["content"]
+    assert "ssl_handshake_timeout 10s;" in text
+    if fleet_gateway.nginx_version(nginx) < fleet_gateway.SSL_HANDSHAKE_TIMEOUT_SINCE:
+        text = text.replace("ssl_handshake_timeout 10s;", "")
     for container, real in {
         "/etc/nginx/certs/portal.crt": leaf.cert,
         "/etc/nginx/certs/superlink.crt": leaf.cert,
@@ -379,10 +483,17 @@ def test_proxy_nginx_config_passes_nginx_t(resolved, tmp_path):
     }.items():
         text = text.replace(container, str(real))
     text = text.replace("web:8000", "127.0.0.1:8000").replace("superlink:", "127.0.0.1:")
+    (tmp_path / "default.conf").write_text(text, encoding="utf-8")
+    main = resolved["configs"]["nginx-main"]["content"]
+    for container, real in {
+        "/etc/nginx/conf.d/*.conf": tmp_path / "default.conf",
+        "/run/nginx.pid": tmp_path / "nginx.pid",
+        "/var/log/nginx/error.log": tmp_path / "error.log",
+    }.items():
+        assert container in main, container
+        main = main.replace(container, str(real))
     conf = tmp_path / "nginx.conf"
-    conf.write_text(
-        f"pid {tmp_path}/nginx.pid;\nevents {{}}\nhttp {{\n{text}\n}}\n", encoding="utf-8"
-    )
+    conf.write_text(main, encoding="utf-8")
     done = subprocess.run(
         [nginx, "-t", "-p", f"{tmp_path}/", "-c", str(conf), "-e", str(tmp_path / "e.log")],
         capture_output=True,

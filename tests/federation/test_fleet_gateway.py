@@ -6,13 +6,22 @@ runs in front of the loopback SuperLink of a real two-site federation (``flower_
 ``fleet_gateway_on``): requests through the public address reach the Fleet API and nothing else,
 the portal's own Control client works on the loopback address and fails on the public one, and a
 job submitted through the web form completes with both SuperNodes dialling the gateway.
+
+What a host that reaches the port gets without a key (issues 9 and 13, a hostile re-test): no body
+above the cap reaches the SuperLink, one client address holds no more than its share of requests,
+a slow or idle connection is closed within the gateway's timeouts, and the SuperLink sees the
+client's real address, not one the client wrote into ``X-Forwarded-For``. Client addresses are
+told apart by dialling from other loopback addresses (127.0.0.0/8 is all local on Linux).
 """
 
 from __future__ import annotations
 
 import http.client
 import shutil
+import socket
 import ssl
+import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +32,8 @@ from django.urls import reverse
 from federation import fleet_gateway, pki, runtime, superlink
 from federation.models import FederatedJob, JobStatus, SiteRoundMetric
 from tests.federation.conftest import flower_world, wait_for
+
+MIB = 1024 * 1024
 
 SITES = ("hospital-a", "hospital-b")
 ROUNDS = 1
@@ -56,6 +67,95 @@ def test_config_forwards_only_the_fleet_prefix(tmp_path):
         and f"proxy_ssl_trusted_certificate {tmp_path / 'ca.crt'};" in text
     )
     assert "daemon off;" in text
+
+
+def test_default_body_cap_holds_the_largest_body_a_portal_model_sends():
+    """The cap is measured, not guessed: the largest Fleet request body (a ``PushObjectRequest``)
+    of the largest models the portal offers — an XGBoost booster of ``MAX_BOOSTER_BYTES`` (flwr
+    pushes it in ``FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE`` chunks) and an MLP of
+    ``MAX_MODEL_VALUES`` float64 weights — fits at least twice under the default cap."""
+    import numpy as np
+    from flwr.app import ArrayRecord, RecordDict
+    from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
+    from flwr.proto.message_pb2 import PushObjectRequest
+    from flwr.proto.node_pb2 import Node
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+    from frp_flwr import contract, trees
+
+    def largest_push_body(record: ArrayRecord) -> int:
+        return max(
+            PushObjectRequest(
+                node=Node(node_id=2**63 - 1),
+                run_id=2**63 - 1,
+                session_id="x" * 64,
+                object_id=object_id,
+                object_content=obj.deflate(),
+            ).ByteSize()
+            for object_id, obj in get_all_nested_objects(RecordDict({"arrays": record})).items()
+        )
+
+    booster = trees.to_record(np.ones(trees.MAX_BOOSTER_BYTES, dtype=np.uint8).tobytes())
+    mlp = ArrayRecord([np.ones((contract.MAX_MODEL_VALUES // 100, 100)), np.ones(100)])
+    largest = max(largest_push_body(booster), largest_push_body(mlp))
+
+    assert FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE < largest < FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE + 1024
+    assert (
+        2 * largest
+        <= fleet_gateway.MAX_BODY_MB * MIB
+        == fleet_gateway.GatewayLimits().max_body_mb * MIB
+    )
+
+
+def _tls_files(tmp_path: Path) -> tuple[Path, Path, Path]:
+    ca = pki.ca_load_or_create(tmp_path / "pki")
+    leaf = pki.server_certificate_issue(
+        ca, tmp_path / "pki", name="gw", hosts=["localhost", "127.0.0.1"]
+    )
+    return Path(leaf.cert), Path(leaf.key), Path(ca.cert)
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        fleet_gateway.GatewayLimits(),
+        fleet_gateway.GatewayLimits(
+            max_body_mb=1, connections_per_address=2, requests_per_minute=1, request_burst=1
+        ),
+    ],
+    ids=["default", "small"],
+)
+def test_config_with_its_limits_passes_nginx_t(tmp_path, limits):
+    cert, key, ca = _tls_files(tmp_path)
+    nginx = fleet_gateway.nginx_binary()
+    (tmp_path / "tmp").mkdir()
+    conf = tmp_path / "nginx.conf"
+    text = fleet_gateway.config_text(
+        tmp_path,
+        listen_host="127.0.0.1",
+        listen_port=runtime.free_port(),
+        upstream_port=runtime.free_port(),
+        cert=cert,
+        key=key,
+        ca=ca,
+        limits=limits,
+        ssl_handshake_timeout=(
+            fleet_gateway.nginx_version(nginx) >= fleet_gateway.SSL_HANDSHAKE_TIMEOUT_SINCE
+        ),
+    )
+    conf.write_text(text)
+    done = subprocess.run(
+        [nginx, "-p", f"{tmp_path}/", "-c", str(conf), "-e", str(tmp_path / "e.log"), "-t"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"client_max_body_size {limits.max_body_mb}m;" in text
+    assert f"limit_conn fleet_conn {limits.connections_per_address};" in text
+    assert f"limit_req zone=fleet_req burst={limits.request_burst} nodelay;" in text
+    assert "proxy_set_header X-Forwarded-For $remote_addr;" in text
 
 
 def test_start_without_nginx_names_the_package_and_starts_nothing(tmp_path, monkeypatch):
@@ -158,18 +258,88 @@ def gated(django_db_setup, django_db_blocker, live_server, tmp_path_factory):
         yield Gated(world, world.federation, job, ok_rounds)
 
 
-def _post(address: str, cafile: str, path: str, method: str = "POST") -> tuple[int, bytes]:
-    """One request with the request line exactly as given (no client-side normalisation)."""
+def _post(
+    address: str,
+    cafile: str,
+    path: str,
+    method: str = "POST",
+    *,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+    source: str = "127.0.0.1",
+) -> tuple[int, bytes]:
+    """One request with the request line exactly as given (no client-side normalisation), from
+    the loopback address ``source``."""
     host, _, port = address.rpartition(":")
     conn = http.client.HTTPSConnection(
-        host, int(port), context=ssl.create_default_context(cafile=cafile), timeout=30
+        host,
+        int(port),
+        context=ssl.create_default_context(cafile=cafile),
+        timeout=30,
+        source_address=(source, 0),
     )
     try:
-        conn.request(method, path, body=b"", headers={"content-type": "application/protobuf"})
+        conn.request(
+            method,
+            path,
+            body=body,
+            headers={"content-type": "application/protobuf", **(headers or {})},
+        )
         response = conn.getresponse()
         return response.status, response.read()
     finally:
         conn.close()
+
+
+#: The head of an unsigned Fleet call announcing a 10-byte body.
+_REQUEST_HEAD = (
+    b"POST /v1/fleet/get-run HTTP/1.1\r\nHost: superlink\r\n"
+    b"Content-Type: application/protobuf\r\nContent-Length: 10\r\n\r\n"
+)
+
+
+def _tls_connect(address: str, cafile: str, source: str = "127.0.0.1") -> ssl.SSLSocket:
+    host, _, port = address.rpartition(":")
+    raw = socket.create_connection((host, int(port)), timeout=30, source_address=(source, 0))
+    return ssl.create_default_context(cafile=cafile).wrap_socket(raw, server_hostname=host)
+
+
+def _closed_by_peer(sock: socket.socket, timeout: float) -> bool:
+    """True once the peer closes ``sock`` (EOF or reset) within ``timeout`` seconds, reading and
+    dropping whatever it sends first; False when it is still open then."""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            if not sock.recv(65536):
+                return True
+        except TimeoutError:
+            return False
+        except (ConnectionError, ssl.SSLError):
+            return True
+    return False
+
+
+def _superlink_log_line(state: runtime.FederationState, client: str) -> str:
+    """The SuperLink's (uvicorn's) access log line of a request from ``client`` (the address it
+    took from the gateway's ``X-Forwarded-For``; port 0), or ``""``."""
+    for line in Path(state.logs["superlink"]).read_text(errors="replace").splitlines():
+        if f"] {client}:" in line:
+            return line
+    return ""
+
+
+def _push_object_body(size: int) -> bytes:
+    """An unsigned Fleet ``PushObjectRequest`` of exactly ``size`` bytes."""
+    from flwr.proto.message_pb2 import PushObjectRequest
+
+    content = size
+    while True:
+        body = PushObjectRequest(object_id="0" * 64, object_content=b"\0" * content)
+        excess = body.ByteSize() - size
+        if excess == 0:
+            return body.SerializeToString()
+        content -= excess
 
 
 def _connection(tmp_path: Path, state: runtime.FederationState, address: str):
@@ -280,6 +450,182 @@ def test_gateway_refuses_a_superlink_its_ca_did_not_sign(gated, tmp_path):
         fleet_gateway.gateway_stop(gw.pid)
     assert status == 502
     assert "upstream SSL certificate verify error" in Path(gw.error_log).read_text()
+
+
+@pytest.mark.integration
+def test_a_body_above_the_cap_never_reaches_the_superlink(gated):
+    """Over the cap: nginx answers 413 on the declared length, and a chunked body (no length to
+    check first) 411; the SuperLink logs no request from that client. A body of exactly the cap
+    from another client reaches it (its node authentication answers 401)."""
+    state = gated.federation
+    cap = fleet_gateway.MAX_BODY_MB * MIB
+    over, within = "127.0.0.51", "127.0.0.52"
+
+    with _tls_connect(state.public_address, state.ca_cert, source=over) as sock:
+        sock.sendall(
+            b"POST /v1/fleet/push-object HTTP/1.1\r\nHost: superlink\r\n"
+            b"Content-Type: application/protobuf\r\n"
+            b"Content-Length: " + str(cap + 1).encode() + b"\r\n\r\n"
+        )
+        sock.settimeout(30)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 413 ")
+    chunked, _ = _post(
+        state.public_address,
+        state.ca_cert,
+        "/v1/fleet/push-object",
+        body=iter([b"\0" * 1024]),  # http.client sends an iterable of unknown length chunked
+        source=over,
+    )
+    assert chunked == 411
+    status, body = _post(
+        state.public_address,
+        state.ca_cert,
+        "/v1/fleet/push-object",
+        body=_push_object_body(cap),
+        source=within,
+    )
+    assert status == 401 and _SUPERLINK_AUTH_REFUSAL in body
+
+    wait_for(
+        lambda: _superlink_log_line(state, within), timeout=60, interval=0.2, what="its log line"
+    )
+    assert _superlink_log_line(state, over) == ""
+    access = Path(state.logs["gateway-access"]).read_text().splitlines()
+    refused = [line for line in access if line.startswith(f"{over} ")]
+    assert [line.split('" ')[1].split()[0] for line in refused] == ["413", "411"]
+    assert all(line.endswith(" -") for line in refused)  # no upstream status: never forwarded
+
+
+@pytest.mark.integration
+def test_a_forged_x_forwarded_for_is_replaced_by_the_client_address(gated):
+    """The SuperLink's uvicorn takes the client's address from ``X-Forwarded-For`` when the
+    gateway (127.0.0.1) sends it: the gateway writes the address it saw, never the client's own."""
+    state = gated.federation
+    client, forged = "127.0.0.53", "203.0.113.9"
+    status, _ = _post(
+        state.public_address,
+        state.ca_cert,
+        "/v1/fleet/get-run",
+        headers={"x-forwarded-for": forged},
+        source=client,
+    )
+    assert status == 401
+    line = wait_for(
+        lambda: _superlink_log_line(state, client), timeout=60, interval=0.2, what="its log line"
+    )
+    assert "/v1/fleet/get-run" in line and " 401" in line
+    assert forged not in Path(state.logs["superlink"]).read_text(errors="replace")
+    assert any(
+        line.startswith(f"{client} ")
+        for line in Path(state.logs["gateway-access"]).read_text().splitlines()
+    )
+
+
+def _gateway_before(gated, root: Path, limits: fleet_gateway.GatewayLimits):
+    """Another gateway, with ``limits``, in front of the federation's real SuperLink."""
+    state = gated.federation
+    cert = Path(state.root) / "pki" / "superlink.crt"
+    return fleet_gateway.gateway_start(
+        root,
+        listen_host="127.0.0.1",
+        listen_port=runtime.free_port(),
+        upstream_port=int(state.superlink_address.rpartition(":")[2]),
+        cert=cert,
+        key=cert.with_suffix(".key"),
+        ca=Path(state.ca_cert),
+        limits=limits,
+    )
+
+
+@pytest.mark.integration
+def test_requests_above_the_per_address_limit_are_refused(gated, tmp_path):
+    """One address holding its limit of requests in progress (headers sent, body not) gets 503
+    for more, while another address still reaches the SuperLink; once it lets go it is served."""
+    state = gated.federation
+    gw = _gateway_before(
+        gated,
+        tmp_path / "gw",
+        fleet_gateway.GatewayLimits(connections_per_address=3, body_timeout=300),
+    )
+    greedy, other = "127.0.0.61", "127.0.0.62"
+
+    def status(source: str) -> int:
+        return _post(gw.address, state.ca_cert, "/v1/fleet/get-run", source=source)[0]
+
+    held = []
+    try:
+        for _ in range(3):
+            held.append(_tls_connect(gw.address, state.ca_cert, source=greedy))
+            held[-1].sendall(_REQUEST_HEAD)  # its body never comes
+        # Until nginx has read the held requests' headers a probe passes (401): wait for the 503.
+        wait_for(lambda: status(greedy) == 503, timeout=60, interval=0.2, what="a 503")
+        assert status(other) == 401
+        for sock in held:
+            sock.close()
+        wait_for(lambda: status(greedy) == 401, timeout=60, interval=0.2, what="the limit freed")
+    finally:
+        for sock in held:
+            sock.close()
+        fleet_gateway.gateway_stop(gw.pid)
+    assert 'limiting connections by zone "fleet_conn"' in Path(gw.error_log).read_text()
+
+
+@pytest.mark.integration
+def test_requests_above_the_per_address_rate_are_refused(gated, tmp_path):
+    """One request a minute and a burst of two: the fourth request in a row from one address is
+    refused (503), another address is still served."""
+    state = gated.federation
+    gw = _gateway_before(
+        gated,
+        tmp_path / "gw",
+        fleet_gateway.GatewayLimits(requests_per_minute=1, request_burst=2),
+    )
+    try:
+        statuses = [
+            _post(gw.address, state.ca_cert, "/v1/fleet/get-run", source="127.0.0.63")[0]
+            for _ in range(4)
+        ]
+        other, _ = _post(gw.address, state.ca_cert, "/v1/fleet/get-run", source="127.0.0.64")
+    finally:
+        fleet_gateway.gateway_stop(gw.pid)
+    assert statuses[:3] == [401, 401, 401] and statuses[3] == 503
+    assert other == 401
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "stall",
+    ["tls-handshake", "request-header", "request-body", "idle-keepalive"],
+)
+def test_a_stalled_connection_is_closed_within_the_gateways_timeouts(gated, tmp_path, stall):
+    """Timeouts of 2 s (nginx's defaults are 60–75 s): a connection stalled in its TLS
+    handshake, its request header or its body, or idle after a response, is closed by the
+    gateway well within 30 s."""
+    state = gated.federation
+    gw = _gateway_before(
+        gated,
+        tmp_path / "gw",
+        fleet_gateway.GatewayLimits(header_timeout=2, body_timeout=2, keepalive_timeout=2),
+    )
+    host, _, port = gw.address.rpartition(":")
+    try:
+        if stall == "tls-handshake":
+            sock = socket.create_connection((host, int(port)), timeout=30)
+        else:
+            sock = _tls_connect(gw.address, state.ca_cert)
+        with sock:
+            if stall == "request-header":
+                sock.sendall(_REQUEST_HEAD[:40])
+            elif stall == "request-body":
+                sock.sendall(_REQUEST_HEAD + b"\0" * 4)
+            elif stall == "idle-keepalive":
+                sock.sendall(_REQUEST_HEAD.replace(b"Length: 10", b"Length: 0"))
+                sock.settimeout(30)
+                assert sock.recv(65536).startswith(b"HTTP/1.1 401 ")
+            closed = _closed_by_peer(sock, timeout=30)
+    finally:
+        fleet_gateway.gateway_stop(gw.pid)
+    assert closed, stall
 
 
 @pytest.mark.integration
