@@ -135,6 +135,27 @@ def nginx_binary() -> str:
     return found
 
 
+def route_localnet_on(conf: Path = Path("/proc/sys/net/ipv4/conf")) -> list[str]:
+    """The interfaces of this host (``conf``: the kernel's per-interface IPv4 settings) whose
+    ``route_localnet`` is 1, sorted; ``[]`` when none is or the folder cannot be read.
+
+    With ``route_localnet`` on, the kernel routes packets addressed to 127.0.0.0/8 that arrive
+    on that interface, so a host on its network could reach the SuperLink's loopback listener
+    (Control API without authentication) around the gateway (ADR 0033)."""
+    try:
+        entries = sorted(conf.iterdir())
+    except OSError:
+        return []
+    on = []
+    for entry in entries:
+        try:
+            if (entry / "route_localnet").read_text().strip() == "1":
+                on.append(entry.name)
+        except OSError:
+            continue
+    return on
+
+
 def _listen(host: str, port: int) -> str:
     try:
         is_v6 = ipaddress.ip_address(host).version == 6

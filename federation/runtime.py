@@ -236,7 +236,8 @@ def start(
     (body size, connections, rate, timeouts; ``fleet_gateway.GatewayLimits()`` by default). There
     is no way to publish the SuperLink itself. Raises
     ``RuntimeError_`` (saying to install Debian's ``nginx``) when a gateway is needed and nginx is
-    not installed, and for a gateway without TLS (``insecure``).
+    not installed, when an interface routes loopback addresses (``route_localnet``, which would
+    let other hosts around the gateway), and for a gateway without TLS (``insecure``).
     """
     fleet_gateway_on = fleet_gateway_on or not _is_loopback(host)
     if fleet_gateway_on and insecure:
@@ -249,6 +250,12 @@ def start(
             fleet_gateway.nginx_binary()
         except fleet_gateway.NginxMissing as exc:
             raise RuntimeError_(str(exc)) from exc
+        if localnet := fleet_gateway.route_localnet_on():
+            raise RuntimeError_(
+                "net.ipv4.conf.{" + ",".join(localnet) + "}.route_localnet is 1: other hosts "
+                "could reach the SuperLink's loopback listener around the Fleet gateway; set it "
+                "to 0 (sysctl -w net.ipv4.conf.all.route_localnet=0 and per interface)"
+            )
     public_host = host
     if fleet_gateway_on:
         host = "127.0.0.1"  # the SuperLink itself: only this host reaches it

@@ -17,10 +17,12 @@ told apart by dialling from other loopback addresses (127.0.0.0/8 is all local o
 from __future__ import annotations
 
 import http.client
+import os
 import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,6 +173,55 @@ def test_start_without_nginx_names_the_package_and_starts_nothing(tmp_path, monk
 def test_insecure_federation_reached_from_other_hosts_is_refused(tmp_path):
     with pytest.raises(runtime.RuntimeError_, match="TLS only"):
         runtime.start(tmp_path / "federation", [], host="0.0.0.0", insecure=True)  # noqa: S104
+
+
+def test_route_localnet_on_names_the_interfaces_that_route_loopback(tmp_path):
+    conf = tmp_path / "conf"
+    for name, value in (("all", "0"), ("default", "0"), ("eth0", "1"), ("lo", "0"), ("veth1", "1")):
+        (conf / name).mkdir(parents=True)
+        (conf / name / "route_localnet").write_text(f"{value}\n")
+    assert fleet_gateway.route_localnet_on(conf) == ["eth0", "veth1"]
+    assert fleet_gateway.route_localnet_on(tmp_path / "missing") == []
+
+
+@pytest.mark.skipif(
+    shutil.which("ip") is None or not hasattr(os, "geteuid") or os.geteuid() != 0,
+    reason="needs root and iproute2 to make a network namespace",
+)
+def test_route_localnet_is_read_from_the_hosts_own_kernel_settings(tmp_path):
+    """In a network namespace made here (its own /proc/sys/net), with route_localnet switched on
+    for every interface, the check run inside it names them; outside it, this host's names none
+    (route_localnet is 0 on a normal host)."""
+    ns = f"frp-rl-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(
+            ["ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.conf.all.route_localnet=1"],
+            check=True,
+        )
+        subprocess.run(
+            ["ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.conf.lo.route_localnet=1"],
+            check=True,
+        )
+        code = "from federation.fleet_gateway import route_localnet_on; print(route_localnet_on())"
+        inside = subprocess.run(
+            ["ip", "netns", "exec", ns, sys.executable, "-c", code],
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parents[2],
+        ).stdout.strip()
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+    assert inside == "['all', 'lo']"
+    assert fleet_gateway.route_localnet_on() == []
+
+
+def test_a_host_that_routes_loopback_addresses_starts_no_gateway(tmp_path, monkeypatch):
+    monkeypatch.setattr(fleet_gateway, "route_localnet_on", lambda: ["eth0"])
+    with pytest.raises(runtime.RuntimeError_, match=r"net.ipv4.conf.\{eth0\}.route_localnet is 1"):
+        runtime.start(tmp_path / "federation", [], host="0.0.0.0")  # noqa: S104
+    assert not (tmp_path / "federation" / "superlink.db").exists()
 
 
 def test_site_kit_address_is_the_gateways_not_the_superlinks(tmp_path, settings):
