@@ -21,6 +21,10 @@ Flow of one run (one portal job):
    message was sent to (SuperLink errors come from node 1). A site that errs, times out or sends a
    reply that does not fit the contract (``frp_flwr.contract``: types, ranges, finite numbers, the
    global model's shapes) is dropped; fewer than ``min_sites`` replies fail the run.
+   The replies reach the strategy in the sites' name order (the contribution's player order),
+   whatever order they arrived in and whatever node ids the SuperNodes drew: Krum keeps the first
+   of tied candidates (with three sites and f = 0 the closest pair always tie), and medians, trims
+   and weighted sums round differently in another order (:func:`parse_replies`).
    A secure-aggregation job (``JobSpec.privacy.secagg``) trains through Flower's SecAgg+ workflow
    instead (``frp_flwr.secagg``, ADR 0027): the ServerApp gets only the sum of the sites' updates
    (each site's metrics in clear, bounded as above) and no contribution is evaluated. The job's
@@ -463,7 +467,8 @@ def fan_out(
     check: ReplyCheck | None = None,
     rnd: int = 0,
 ) -> dict[int, tuple[Message, TrainReply | EvaluateReply]]:
-    """Send ``arrays`` + ``config`` to every active node; return node → (reply, parsed metrics).
+    """Send ``arrays`` + ``config`` to every active node; return node → (reply, parsed metrics),
+    in the sites' name order (:func:`parse_replies`).
 
     Errors, silences, replies that do not fit ``reply_type`` and replies ``check`` finds out of
     bounds (``check(site, metrics, elapsed seconds) -> problem``) mark the site's entry in
@@ -510,7 +515,11 @@ def parse_replies(
     :func:`fan_out` returns them (its docstring: errors, silences, misfits and out-of-bounds
     replies mark ``sites_out``; NaN or infinity raises ``NonFinite``). ``sent``: the global
     model the messages carried (a train reply's weights must have its shapes); ``timeout``: the
-    seconds a silent node was waited for (said in its error)."""
+    seconds a silent node was waited for (said in its error).
+
+    The returned dict is in the order of the sites' names (``node_site``), which is the order the
+    strategy aggregates them in: not their arrival order nor their node ids (random at each
+    SuperNode's registration), on which a Krum tie or a float sum would otherwise depend."""
 
     def fail(node: int, error: str) -> None:  # the round's first reason for a site is kept
         entry = sites_out[node_site[node]]
@@ -522,7 +531,7 @@ def parse_replies(
     for node in result.timed_out:
         fail(node, f"no reply within {timeout:.0f} s")
     parsed = {}
-    for node, reply in sorted(result.replies.items()):
+    for node, reply in sorted(result.replies.items(), key=lambda item: node_site[item[0]]):
         what = _non_finite(reply)
         if what:
             site = node_site[node]
@@ -862,7 +871,8 @@ def _ask(
     timeout: float,
     poll: float,
 ) -> dict:
-    """One preparation step (``query.<step>``) at every active site: site → parsed reply.
+    """One preparation step (``query.<step>``) at every active site: site → parsed reply, in the
+    sites' name order (the pooled statistics are float sums: the same in every run).
     Raises ``JobFailed`` naming the sites that erred, fell silent or sent a malformed reply
     (every site must apply the same rules, so the job cannot go on without one)."""
     node_site = {n: s for s, n in active.items()}
@@ -888,7 +898,7 @@ def _ask(
             f"preparing the data ({step}) failed at "
             + "; ".join(f"{s}: {e}" for s, e in sorted(problems.items()))
         )
-    return out
+    return dict(sorted(out.items()))
 
 
 @dataclass
