@@ -115,10 +115,11 @@ class _Need:
     ``(steps,)``, the steps the pool is lent to the project (its window, with the foreign window
     for another institution's project); ``rows``: ``((row, amount − _EPS), …)`` over ``(slots,
     cores, GiB, GPUs)`` for the amounts asked (``> 0``); ``vec``: float ``(4, 1)``, the amounts
-    (a job holds one slot); ``su``: service units per hour; ``kw``: power draw (kW).
+    (a job holds one slot), ``take`` the same negated; ``su``: service units per hour; ``kw``: power
+    draw (kW).
     """
 
-    __slots__ = ("key", "i", "k", "foreign", "opened", "rows", "vec", "su", "kw")
+    __slots__ = ("key", "i", "k", "foreign", "opened", "rows", "vec", "take", "su", "kw")
 
     def __init__(self, key, i: int, foreign: bool, opened: np.ndarray, x, pool) -> None:
         self.key = key
@@ -128,6 +129,7 @@ class _Need:
         self.opened = opened
         self.rows = tuple((r, v - _EPS) for r, v in enumerate(x.vector()) if v > 0)
         self.vec = np.asarray(x.vector())[:, None]
+        self.take = -1.0 * self.vec
         self.su = (
             pool.cpu_weight * x.cores + pool.memory_weight * x.memory_gib + pool.gpu_weight * x.gpus
         )
@@ -188,6 +190,7 @@ class _Profile:
         self.thr: list[np.ndarray | None] = [None] * len(pools)
         self.fit_open: list[np.ndarray | None] = [None] * len(pools)
         self._base_fit: dict[tuple, int] = {}
+        self.misfits: dict[tuple, str] = {}
         self.first_closed = {
             False: [_first_false(row, T) for row in self.avail],
             True: [_first_false(row, T) for row in self.open_foreign],
@@ -250,7 +253,8 @@ class _Profile:
         there."""
         fit = self.fit[i]
         if fit is not None:
-            ok = (self.free[i, :, start:end] >= self.thr[i]).all(axis=1)
+            ok = self.free[i, :, start:end] >= self.thr[i]  # (requests, 4, end − start)
+            ok = ok[:, 0] & ok[:, 1] & ok[:, 2] & ok[:, 3]  # (an AND of rows: faster than all())
             fit[:, start:end] = ok & self.fit_open[i][:, start:end]
 
     def fit_mask(self, need: _Need, n: int) -> np.ndarray:
@@ -303,7 +307,7 @@ class _Profile:
             self._take(req.job.project, req.job.demands, start, end, sign=-1.0)
             return
         for n in req.needs:
-            self.free[n.i, :, start:end] += -1.0 * n.vec
+            self.free[n.i, :, start:end] += n.take
             self._refit(n.i, start, end)
 
 
@@ -321,16 +325,27 @@ def _first_false(row: np.ndarray, steps: int) -> int:
     return k if len(row) and not row[k] else steps
 
 
-def _first_run(ok: np.ndarray, d: int) -> int | None:
+def _first_run(ok: np.ndarray, d: int, t: int = 0) -> int | None:
     """The first index ``t`` with ``ok[t : t + d]`` all ``True`` (bool ``ok``, ``d ≥ 1``), or
-    ``None``: the first run of ``d`` steps, from the gaps between the ``False`` steps."""
-    if d == 1:
-        return _first_true(ok)
-    bad = np.flatnonzero(~ok)
+    ``None``. A few hops first (to the next ``True``, past the first ``False`` of the run from
+    there), which find it in a profile with few gaps; then from the gaps between the ``False``
+    steps at once. Searches from ``t`` on."""
+    n = len(ok)
+    for _ in range(4):
+        k = _first_true(ok[t:])
+        if k is None or t + k + d > n:
+            return None
+        t += k
+        run = ok[t : t + d]
+        j = int(run.argmin())
+        if run[j]:
+            return t
+        t += j + 1
+    bad = np.flatnonzero(~ok[t:]) + t
     if not len(bad):
-        return 0 if len(ok) >= d else None
-    begins = np.concatenate(([0], bad + 1))  # the good runs are [begins[k], ends[k])
-    ends = np.concatenate((bad, [len(ok)]))
+        return t if n - t >= d else None
+    begins = np.concatenate(([t], bad + 1))  # the runs of True are [begins[k], ends[k])
+    ends = np.concatenate((bad, [n]))
     k = _first_true(ends - begins >= d)
     return None if k is None else int(begins[k])
 
@@ -339,6 +354,12 @@ def _runs(ok: np.ndarray, d: int) -> np.ndarray:
     """Bool ``(len(ok) − d + 1,)``: ``ok[t : t + d]`` is all ``True`` (``1 ≤ d ≤ len(ok)``)."""
     if d == 1:
         return ok
+    m = len(ok) - d + 1
+    if d <= 4:  # short runs: AND of the shifted masks (fewer array operations)
+        out = ok[:m] & ok[1 : 1 + m]
+        for s in range(2, d):
+            out &= ok[s : s + m]
+        return out
     bad = np.empty(len(ok) + 1, dtype=np.int32)
     bad[0] = 0
     np.cumsum(~ok, out=bad[1:])
@@ -451,12 +472,13 @@ class _Request:
             return np.zeros(0, dtype=bool)
         return _runs(self._ok(prof, n + d - 1), d)
 
-    def earliest(self, prof: _Profile) -> int | None:
-        """The first step of ``starts(prof)`` (the earliest start), or ``None``."""
+    def earliest(self, prof: _Profile, after: int = 0) -> int | None:
+        """The first step of ``starts(prof)`` (the earliest start), or ``None``; ``after``: no
+        start before it fits (the search begins there)."""
         d, steps = self.d, prof.steps
         if d > steps:
             return None
-        return _first_run(self._ok(prof, steps), d)
+        return _first_run(self._ok(prof, steps), d, after)
 
     def _window_sums(self, cum: np.ndarray, weights: list[float], n: int) -> np.ndarray:
         """Per start step ``0 … n−1``: Σ over pools of weight × (``cum`` over the run) ×
@@ -537,9 +559,14 @@ def _misfit(job: Job, pid: int, r, prof: _Profile) -> str:
 
 
 def _unservable(job: Job, prof: _Profile) -> str:
-    """A reason the job can never run on these pools, or ``""``."""
+    """A reason the job can never run on these pools, or ``""`` (``_misfit`` of each request,
+    kept per pool, request and GPU model)."""
+    seen = prof.misfits
     for pid, r in job.demands.items():
-        problem = _misfit(job, pid, r, prof)
+        key = (pid, r.cores, r.memory_gib, r.gpus, job.gpu_model)
+        problem = seen.get(key)
+        if problem is None:
+            problem = seen[key] = _misfit(job, pid, r, prof)
         if problem:
             return problem
     if not job.demands:
@@ -620,16 +647,23 @@ def _choose_start(
     if timely:
         n = req.last_start + 1
         window = req.starts_before(prof, n) if starts is None else starts[:n]
-        in_time = np.flatnonzero(window)
-        if len(in_time):
+        first = _first_true(window)
+        if first is not None:
             if policy is Policy.CHEAPEST:
-                metric = costs if costs is not None else req.costs(prof, len(window))
+                metric = costs[: len(window)] if costs is not None else req.costs(prof, len(window))
             else:
                 metric = req.emissions(prof, len(window))
+            values = np.where(window, metric, np.inf)  # the starts that fit, by their metric
+            least = values.min()
+            if least < np.inf:
+                return first, int((values <= least + 1e-9).argmax())
+            in_time = np.flatnonzero(window)  # every start that fits costs +inf (or NaN)
             values = metric[in_time]
-            t = int(in_time[np.flatnonzero(values <= values.min() + 1e-9)[0]])
-            return int(in_time[0]), t
-    first = req.earliest(prof) if starts is None else _first_true(starts)
+            return first, int(in_time[np.flatnonzero(values <= values.min() + 1e-9)[0]])
+    if starts is not None:
+        first = _first_true(starts)
+    else:  # none of the starts before the deadline fits: the earliest is after them
+        first = req.earliest(prof, after=req.last_start + 1 if timely else 0)
     return first, first
 
 
