@@ -149,7 +149,7 @@ class _Profile:
     Fit masks, kept up to date rather than computed per job: for each pool, one row per distinct
     request asked of it in this pass (amounts and whether the project is foreign there), bool
     ``fit[i]``: ``(requests, steps)``, the pool open to the project and the request free at each
-    step, with the thresholds ``thr[i]`` (``(requests, 4, 1)``: amount − ``_EPS``, −∞ for an
+    step, with the thresholds ``thr[i]`` (``(4, requests, 1)``: amount − ``_EPS``, −∞ for an
     amount of 0: no condition) and windows ``fit_open[i]`` (``(requests, steps)``); a change of
     ``free`` over ``[a, b)`` recomputes ``fit[i][:, a:b]`` only (``_refit``). Also kept: a
     ``_Need`` per pool, request and home institution (``need``); per pool the first step it is
@@ -189,6 +189,8 @@ class _Profile:
         self.fit: list[np.ndarray | None] = [None] * len(pools)
         self.thr: list[np.ndarray | None] = [None] * len(pools)
         self.fit_open: list[np.ndarray | None] = [None] * len(pools)
+        self.fit_rows_used: list[list[int]] = [[] for _ in pools]
+        self.fit_all_open: list[bool] = [True] * len(pools)
         self._base_fit: dict[tuple, int] = {}
         self.misfits: dict[tuple, str] = {}
         self.first_closed = {
@@ -237,25 +239,35 @@ class _Profile:
         if k is not None:
             return k
         i = need.i
-        thr = np.array([v - _EPS if v > 0 else -np.inf for v in x.vector()])[None, :, None]
-        row = (self.free[i][None] >= thr).all(axis=1) & need.opened[None]
+        thr = np.array([v - _EPS if v > 0 else -np.inf for v in x.vector()])[:, None, None]
+        row = need.opened[None].copy()
+        for r, v in need.rows:
+            row &= self.free[i, r][None] >= v
         if self.fit[i] is None:
             self.fit[i], self.thr[i], self.fit_open[i] = row, thr, need.opened[None].copy()
         else:
             self.fit[i] = np.concatenate([self.fit[i], row])
-            self.thr[i] = np.concatenate([self.thr[i], thr])
+            self.thr[i] = np.concatenate([self.thr[i], thr], axis=1)
             self.fit_open[i] = np.concatenate([self.fit_open[i], need.opened[None]])
+        self.fit_rows_used[i] = [r for r in range(4) if (self.thr[i][r] > -np.inf).any()]
+        self.fit_all_open[i] = bool(self.fit_open[i].all())
         k = self._fit_rows[key] = len(self.fit[i]) - 1
         return k
 
     def _refit(self, i: int, start: int, end: int) -> None:
         """Recompute pool ``i``'s fit masks over steps ``[start, end)`` after ``free`` changed
-        there."""
+        there (only the resource rows some request asks for; its windows unless all open)."""
         fit = self.fit[i]
-        if fit is not None:
-            ok = self.free[i, :, start:end] >= self.thr[i]  # (requests, 4, end − start)
-            ok = ok[:, 0] & ok[:, 1] & ok[:, 2] & ok[:, 3]  # (an AND of rows: faster than all())
-            fit[:, start:end] = ok & self.fit_open[i][:, start:end]
+        if fit is None:
+            return
+        free, thr = self.free[i, :, start:end], self.thr[i]
+        rows = self.fit_rows_used[i]
+        ok = free[rows[0]] >= thr[rows[0]]  # (requests, end − start)
+        for r in rows[1:]:
+            ok &= free[r] >= thr[r]
+        if not self.fit_all_open[i]:
+            ok &= self.fit_open[i][:, start:end]
+        fit[:, start:end] = ok
 
     def fit_mask(self, need: _Need, n: int) -> np.ndarray:
         """Bool ``(n,)``: at each of steps ``0 … n−1`` the pool is open to the project and has
