@@ -184,7 +184,7 @@ class _Profile:
         self.open_foreign = self.avail | self.favail
         self.online = [bool(p.online) for p in pools]
         self.inst = [p.institution for p in pools]
-        self._needs: dict[tuple, _Need] = {}
+        self.needs_known: dict[tuple, _Need] = {}
         self._fit_rows: dict[tuple, int] = {}
         self.fit: list[np.ndarray | None] = [None] * len(pools)
         self.thr: list[np.ndarray | None] = [None] * len(pools)
@@ -223,12 +223,12 @@ class _Profile:
         """The ``_Need`` of request ``x`` (``Resources``) on pool ``pid`` (in the profile) for a
         project of institution ``home`` (``None``: no account)."""
         key = (pid, x.cores, x.memory_gib, x.gpus, home)
-        need = self._needs.get(key)
+        need = self.needs_known.get(key)
         if need is None:
             i = self.index[pid]
             foreign = self.inst[i] != home
             opened = self.open_foreign[i] if foreign else self.avail[i]
-            need = self._needs[key] = _Need(key, i, foreign, opened, x, self.pools[i])
+            need = self.needs_known[key] = _Need(key, i, foreign, opened, x, self.pools[i])
             need.k = self._fit_row(need, x)
         return need
 
@@ -400,17 +400,23 @@ class _Request:
 
     def __init__(self, job: Job, prof: _Profile):
         self.job = job
-        self.pids = list(job.demands)
+        self.pids = pids = list(job.demands)
         account = prof.snapshot.accounts.get(job.project)
         home = account.institution if account else None
-        self.has_quota = bool(account and any(p in account.quotas for p in self.pids))
-        self.needs = needs = [prof.need(pid, x, home) for pid, x in job.demands.items()]
-        self.idx = [n.i for n in needs]
-        self.su = [n.su for n in needs]
-        self.kw = kw = [n.kw for n in needs]
-        self.d = max(1, math.ceil(job.duration_s / prof.step_s))
-        self.frac = job.duration_s / (self.d * prof.step_s) if job.duration_s > 0 else 0.0
-        self.energy_kwh = sum(kw) * job.duration_s / 3600.0
+        self.has_quota = bool(account and account.quotas and any(p in account.quotas for p in pids))
+        known = prof.needs_known
+        self.needs = needs = []
+        self.idx, self.su, self.kw = idx, su, kw = [], [], []
+        for pid, x in job.demands.items():
+            n = known.get((pid, x.cores, x.memory_gib, x.gpus, home)) or prof.need(pid, x, home)
+            needs.append(n)
+            idx.append(n.i)
+            su.append(n.su)
+            kw.append(n.kw)
+        duration, step = job.duration_s, prof.step_s
+        self.d = d = max(1, math.ceil(duration / step))
+        self.frac = duration / (d * step) if duration > 0 else 0.0
+        self.energy_kwh = sum(kw) * duration / 3600.0
         if job.deadline_s is None:
             self.last_start = prof.steps
         else:
