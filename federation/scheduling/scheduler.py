@@ -106,8 +106,56 @@ def price_multipliers(snapshot: Snapshot, free: np.ndarray, cap: np.ndarray, ope
     return mult
 
 
+class _Need:
+    """What a job asks of one pool, prepared once per pass for all the jobs asking the same of
+    it (internal).
+
+    ``i``: the pool's row in the profile; ``k``: the row of its fit mask among the pool's
+    (``_Profile.fit``); ``foreign``: the project is of another institution; ``opened``: bool
+    ``(steps,)``, the steps the pool is lent to the project (its window, with the foreign window
+    for another institution's project); ``rows``: ``((row, amount − _EPS), …)`` over ``(slots,
+    cores, GiB, GPUs)`` for the amounts asked (``> 0``); ``vec``: float ``(4, 1)``, the amounts
+    (a job holds one slot), ``take`` the same negated; ``su``: service units per hour; ``kw``: power
+    draw (kW).
+    """
+
+    __slots__ = ("key", "i", "k", "foreign", "opened", "rows", "vec", "take", "su", "kw")
+
+    def __init__(self, key, i: int, foreign: bool, opened: np.ndarray, x, pool) -> None:
+        self.key = key
+        self.i = i
+        self.k = -1
+        self.foreign = foreign
+        self.opened = opened
+        self.rows = tuple((r, v - _EPS) for r, v in enumerate(x.vector()) if v > 0)
+        self.vec = np.asarray(x.vector())[:, None]
+        self.take = -1.0 * self.vec
+        self.su = (
+            pool.cpu_weight * x.cores + pool.memory_weight * x.memory_gib + pool.gpu_weight * x.gpus
+        )
+        self.kw = (pool.watts_per_core * x.cores + pool.watts_per_gpu * x.gpus) / 1000.0
+
+
 class _Profile:
-    """The availability profile and per-pool series of one pass (internal)."""
+    """The availability profile and per-pool series of one pass (internal).
+
+    ``free``: float ``(pools, 4, steps)``, what each pool has free of ``(slots, cores, GiB,
+    GPUs)`` at each step, less the running jobs and what this pass started or reserved;
+    ``base_free``: the same before the pass took anything. ``price`` (currency per service unit
+    per hour) and ``carbon`` (gCO2e/kWh): ``(pools, steps)``, and their running sums over the
+    steps in hours (``cum_price``, ``cum_carbon``: ``(pools, steps + 1)``; ``*_rows``: the same
+    as lists of Python floats, for one start at a time).
+
+    Fit masks, kept up to date rather than computed per job: for each pool, one row per distinct
+    request asked of it in this pass (amounts and whether the project is foreign there), bool
+    ``fit[i]``: ``(requests, steps)``, the pool open to the project and the request free at each
+    step, with the thresholds ``thr[i]`` (``(4, requests, 1)``: amount − ``_EPS``, −∞ for an
+    amount of 0: no condition) and windows ``fit_open[i]`` (``(requests, steps)``); a change of
+    ``free`` over ``[a, b)`` recomputes ``fit[i][:, a:b]`` only (``_refit``). Also kept: a
+    ``_Need`` per pool, request and home institution (``need``); per pool the first step it is
+    closed to a home or a foreign project (``first_closed``); per request the first step at which
+    the running jobs alone leave too little (``base_fit_steps``).
+    """
 
     def __init__(self, snapshot: Snapshot):
         self.snapshot = snapshot
@@ -134,8 +182,21 @@ class _Profile:
             [_series(p.foreign_available, T, 0.0) > 0.5 for p in pools], dtype=bool
         ).reshape(len(pools), T)
         self.open_foreign = self.avail | self.favail
-        self.online = np.array([p.online for p in pools], dtype=bool)
+        self.online = [bool(p.online) for p in pools]
         self.inst = [p.institution for p in pools]
+        self.needs_known: dict[tuple, _Need] = {}
+        self._fit_rows: dict[tuple, int] = {}
+        self.fit: list[np.ndarray | None] = [None] * len(pools)
+        self.thr: list[np.ndarray | None] = [None] * len(pools)
+        self.fit_open: list[np.ndarray | None] = [None] * len(pools)
+        self.fit_rows_used: list[list[int]] = [[] for _ in pools]
+        self.fit_all_open: list[bool] = [True] * len(pools)
+        self._base_fit: dict[tuple, int] = {}
+        self.misfits: dict[tuple, str] = {}
+        self.first_closed = {
+            False: [_first_false(row, T) for row in self.avail],
+            True: [_first_false(row, T) for row in self.open_foreign],
+        }
         self.quota_free: dict[tuple[str, int], np.ndarray] = {}
         self.running_end: dict[int, int] = {}
         for run in snapshot.running:
@@ -151,10 +212,80 @@ class _Profile:
         zeros = np.zeros((len(pools), 1))
         self.cum_price = np.concatenate([zeros, np.cumsum(self.price * self.step_h, axis=1)], 1)
         self.cum_carbon = np.concatenate([zeros, np.cumsum(self.carbon * self.step_h, axis=1)], 1)
+        self.cum_price_rows = self.cum_price.tolist()
+        self.cum_carbon_rows = self.cum_carbon.tolist()
 
     def end_step(self, end_s: float) -> int:
         """Steps from now until ``end_s`` (at least 1: a running job holds step 0)."""
         return min(self.steps, max(1, math.ceil((end_s - self.snapshot.now_s) / self.step_s)))
+
+    def need(self, pid: int, x, home: str | None) -> _Need:
+        """The ``_Need`` of request ``x`` (``Resources``) on pool ``pid`` (in the profile) for a
+        project of institution ``home`` (``None``: no account)."""
+        key = (pid, x.cores, x.memory_gib, x.gpus, home)
+        need = self.needs_known.get(key)
+        if need is None:
+            i = self.index[pid]
+            foreign = self.inst[i] != home
+            opened = self.open_foreign[i] if foreign else self.avail[i]
+            need = self.needs_known[key] = _Need(key, i, foreign, opened, x, self.pools[i])
+            need.k = self._fit_row(need, x)
+        return need
+
+    def _fit_row(self, need: _Need, x) -> int:
+        """The row of ``need``'s fit mask in ``fit[need.i]``, added when new."""
+        key = (need.i, x.cores, x.memory_gib, x.gpus, need.foreign)
+        k = self._fit_rows.get(key)
+        if k is not None:
+            return k
+        i = need.i
+        thr = np.array([v - _EPS if v > 0 else -np.inf for v in x.vector()])[:, None, None]
+        row = need.opened[None].copy()
+        for r, v in need.rows:
+            row &= self.free[i, r][None] >= v
+        if self.fit[i] is None:
+            self.fit[i], self.thr[i], self.fit_open[i] = row, thr, need.opened[None].copy()
+        else:
+            self.fit[i] = np.concatenate([self.fit[i], row])
+            self.thr[i] = np.concatenate([self.thr[i], thr], axis=1)
+            self.fit_open[i] = np.concatenate([self.fit_open[i], need.opened[None]])
+        self.fit_rows_used[i] = [r for r in range(4) if (self.thr[i][r] > -np.inf).any()]
+        self.fit_all_open[i] = bool(self.fit_open[i].all())
+        k = self._fit_rows[key] = len(self.fit[i]) - 1
+        return k
+
+    def _refit(self, i: int, start: int, end: int) -> None:
+        """Recompute pool ``i``'s fit masks over steps ``[start, end)`` after ``free`` changed
+        there (only the resource rows some request asks for; its windows unless all open)."""
+        fit = self.fit[i]
+        if fit is None:
+            return
+        free, thr = self.free[i, :, start:end], self.thr[i]
+        rows = self.fit_rows_used[i]
+        ok = free[rows[0]] >= thr[rows[0]]  # (requests, end − start)
+        for r in rows[1:]:
+            ok &= free[r] >= thr[r]
+        if not self.fit_all_open[i]:
+            ok &= self.fit_open[i][:, start:end]
+        fit[:, start:end] = ok
+
+    def fit_mask(self, need: _Need, n: int) -> np.ndarray:
+        """Bool ``(n,)``: at each of steps ``0 … n−1`` the pool is open to the project and has
+        ``need`` free (a view of the kept mask: not to be modified, nor kept past a take)."""
+        return self.fit[need.i][need.k, :n]
+
+    def base_fit_steps(self, need: _Need) -> int:
+        """The first step at which the running jobs alone (``base_free``) leave less than
+        ``need`` on its pool, windows aside; ``steps`` when there is none."""
+        key = need.key[:4]
+        first = self._base_fit.get(key)
+        if first is None:
+            free = self.base_free[need.i]
+            ok = np.ones(self.steps, dtype=bool)
+            for r, v in need.rows:
+                ok &= free[r] >= v
+            first = self._base_fit[key] = _first_false(ok, self.steps)
+        return first
 
     def _quota(self, project: str, pid: int) -> np.ndarray | None:
         key = (project, pid)
@@ -169,45 +300,123 @@ class _Profile:
         return arr
 
     def _take(self, project: str, demands, start: int, end: int, sign: float) -> None:
+        """Take (``sign`` −1) or give back (+1) ``demands`` (pool id → ``Resources``) over steps
+        ``[start, end)``, on the pools and on the project's quotas there."""
         for pid, r in demands.items():
             i = self.index.get(pid)
             if i is None:
                 continue
             self.free[i, :, start:end] += sign * np.asarray(r.vector())[:, None]
+            self._refit(i, start, end)
             q = self._quota(project, pid)
             if q is not None:
                 q[:, start:end] += sign * np.asarray(r.vector()[1:])[:, None]
 
+    def take(self, req: _Request, start: int, end: int) -> None:
+        """Take the resources of a queued job over steps ``[start, end)`` (``_take``, with the
+        amounts its ``_Need`` already holds)."""
+        if req.has_quota:
+            self._take(req.job.project, req.job.demands, start, end, sign=-1.0)
+            return
+        for n in req.needs:
+            self.free[n.i, :, start:end] += n.take
+            self._refit(n.i, start, end)
+
+
+def _first_true(mask: np.ndarray) -> int | None:
+    """Index of the first ``True`` of bool ``mask``, or ``None`` when it has none."""
+    if not len(mask):
+        return None
+    k = int(mask.argmax())
+    return k if mask[k] else None
+
+
+def _first_false(row: np.ndarray, steps: int) -> int:
+    """Index of the first ``False`` of bool ``row``, or ``steps`` when it has none."""
+    k = int(row.argmin()) if len(row) else 0
+    return k if len(row) and not row[k] else steps
+
+
+def _first_run(ok: np.ndarray, d: int, t: int = 0) -> int | None:
+    """The first index ``t`` with ``ok[t : t + d]`` all ``True`` (bool ``ok``, ``d ≥ 1``), or
+    ``None``. A few hops first (to the next ``True``, past the first ``False`` of the run from
+    there), which find it in a profile with few gaps; then from the gaps between the ``False``
+    steps at once. Searches from ``t`` on."""
+    n = len(ok)
+    for _ in range(4):
+        k = _first_true(ok[t:])
+        if k is None or t + k + d > n:
+            return None
+        t += k
+        run = ok[t : t + d]
+        j = int(run.argmin())
+        if run[j]:
+            return t
+        t += j + 1
+    bad = np.flatnonzero(~ok[t:]) + t
+    if not len(bad):
+        return t if n - t >= d else None
+    begins = np.concatenate(([t], bad + 1))  # the runs of True are [begins[k], ends[k])
+    ends = np.concatenate((bad, [n]))
+    k = _first_true(ends - begins >= d)
+    return None if k is None else int(begins[k])
+
+
+def _runs(ok: np.ndarray, d: int) -> np.ndarray:
+    """Bool ``(len(ok) − d + 1,)``: ``ok[t : t + d]`` is all ``True`` (``1 ≤ d ≤ len(ok)``)."""
+    if d == 1:
+        return ok
+    m = len(ok) - d + 1
+    if d <= 4:  # short runs: AND of the shifted masks (fewer array operations)
+        out = ok[:m] & ok[1 : 1 + m]
+        for s in range(2, d):
+            out &= ok[s : s + m]
+        return out
+    bad = np.empty(len(ok) + 1, dtype=np.int32)
+    bad[0] = 0
+    np.cumsum(~ok, out=bad[1:])
+    return (bad[d:] - bad[:-d]) == 0
+
 
 class _Request:
-    """A queued job prepared against a profile (internal)."""
+    """A queued job prepared against a profile (internal): its ``_Need`` per pool (in the
+    order of ``job.demands``; ``pids``, ``idx``: their pool ids and rows), its run in steps
+    (``d``), the share of its last step it uses (``frac``), its energy (kWh) and its last start
+    step that meets the deadline (``last_start``; ``steps`` without a deadline)."""
+
+    __slots__ = (
+        "job",
+        "pids",
+        "idx",
+        "needs",
+        "su",
+        "kw",
+        "has_quota",
+        "d",
+        "frac",
+        "energy_kwh",
+        "last_start",
+    )
 
     def __init__(self, job: Job, prof: _Profile):
         self.job = job
-        self.pids = list(job.demands)
-        self.idx = [prof.index[p] for p in self.pids]
+        self.pids = pids = list(job.demands)
         account = prof.snapshot.accounts.get(job.project)
         home = account.institution if account else None
-        self.has_quota = bool(account and any(p in account.quotas for p in self.pids))
-        # (pool row, open-steps row, [(resource row, amount), …] of what the job asks for).
-        self.needs = []
-        su, kw = [], []
-        for pid, i in zip(self.pids, self.idx, strict=True):
-            x = job.demands[pid]
-            pool = prof.pools[i]
-            rows = [(r, v - _EPS) for r, v in enumerate(x.vector()) if v > 0]
-            opened = prof.open_foreign[i] if prof.inst[i] != home else prof.avail[i]
-            self.needs.append((i, opened, rows))
-            su.append(
-                pool.cpu_weight * x.cores
-                + pool.memory_weight * x.memory_gib
-                + pool.gpu_weight * x.gpus
-            )
-            kw.append((pool.watts_per_core * x.cores + pool.watts_per_gpu * x.gpus) / 1000.0)
-        self.su, self.kw = su, kw
-        self.d = max(1, math.ceil(job.duration_s / prof.step_s))
-        self.frac = job.duration_s / (self.d * prof.step_s) if job.duration_s > 0 else 0.0
-        self.energy_kwh = sum(kw) * job.duration_s / 3600.0
+        self.has_quota = bool(account and account.quotas and any(p in account.quotas for p in pids))
+        known = prof.needs_known
+        self.needs = needs = []
+        self.idx, self.su, self.kw = idx, su, kw = [], [], []
+        for pid, x in job.demands.items():
+            n = known.get((pid, x.cores, x.memory_gib, x.gpus, home)) or prof.need(pid, x, home)
+            needs.append(n)
+            idx.append(n.i)
+            su.append(n.su)
+            kw.append(n.kw)
+        duration, step = job.duration_s, prof.step_s
+        self.d = d = max(1, math.ceil(duration / step))
+        self.frac = duration / (d * step) if duration > 0 else 0.0
+        self.energy_kwh = sum(kw) * duration / 3600.0
         if job.deadline_s is None:
             self.last_start = prof.steps
         else:
@@ -215,20 +424,31 @@ class _Request:
                 (job.deadline_s - job.duration_s - prof.snapshot.now_s) / prof.step_s + _EPS
             )
 
-    def _fits(self, free: np.ndarray, lo: int, hi: int, windows: bool = True) -> np.ndarray:
-        """Per step in ``[lo, hi)``: every pool is open to the job (unless not ``windows``) and
-        has its demand free in ``free``."""
+    def _fits(self, free: np.ndarray, lo: int, hi: int) -> np.ndarray:
+        """Per step in ``[lo, hi)``: every pool is open to the job and has its demand free in
+        ``free`` (``(pools, 4, steps)``, a copy of the profile's)."""
         ok = np.ones(hi - lo, dtype=bool)
-        for i, opened, rows in self.needs:
-            if windows:
-                ok &= opened[lo:hi]
-            for r, v in rows:
-                ok &= free[i, r, lo:hi] >= v
+        for n in self.needs:
+            ok &= n.opened[lo:hi]
+            for r, v in n.rows:
+                ok &= free[n.i, r, lo:hi] >= v
         return ok
 
-    def open_now(self) -> bool:
+    def _ok(self, prof: _Profile, n: int) -> np.ndarray:
+        """Bool ``(n,)``: at each of steps ``0 … n−1`` every pool is open to the job and has its
+        demand free, within the project's quotas (may be a kept mask: not to be modified)."""
+        needs = self.needs
+        ok = prof.fit_mask(needs[0], n)
+        for need in needs[1:]:
+            ok = ok & prof.fit_mask(need, n)
+        if self.has_quota:
+            ok = ok & self._quota_ok(prof, 0, n)
+        return ok
+
+    def open_now(self, prof: _Profile) -> bool:
         """Every pool is open to the job for its whole run from now."""
-        return all(opened[: self.d].all() for _, opened, _ in self.needs)
+        d = min(self.d, prof.steps)
+        return all(prof.first_closed[n.foreign][n.i] >= d for n in self.needs)
 
     def _quota_ok(self, prof: _Profile, lo: int, hi: int) -> np.ndarray:
         ok = np.ones(hi - lo, dtype=bool)
@@ -244,67 +464,81 @@ class _Request:
         return ok
 
     def fits_now(self, prof: _Profile, free: np.ndarray | None = None) -> bool:
-        """Whether the job fits on every pool for steps ``[0, d)``."""
+        """Whether the job fits on every pool for steps ``[0, d)`` (of ``free``, else of the
+        profile)."""
         d = self.d
         if d > prof.steps:
             return False
-        free = prof.free if free is None else free
-        if not self._fits(free, 0, d).all():
-            return False
-        return not self.has_quota or bool(self._quota_ok(prof, 0, d).all())
+        if free is not None:
+            return bool(self._fits(free, 0, d).all()) and (
+                not self.has_quota or bool(self._quota_ok(prof, 0, d).all())
+            )
+        return bool(self._ok(prof, d).all())
 
     def starts(self, prof: _Profile) -> np.ndarray:
-        """Boolean mask over start steps ``0 … steps−d``: the whole run fits there (gang)."""
+        """Bool mask over start steps ``0 … steps−d``: the whole run fits there (gang)."""
         d, steps = self.d, prof.steps
         if d > steps:
             return np.zeros(0, dtype=bool)
-        ok = self._fits(prof.free, 0, steps)
-        if self.has_quota:
-            ok &= self._quota_ok(prof, 0, steps)
-        bad = np.empty(steps + 1, dtype=np.int32)
-        bad[0] = 0
-        np.cumsum(~ok, out=bad[1:])
-        return (bad[d:] - bad[:-d]) == 0
+        return _runs(self._ok(prof, steps), d)
 
-    def _window_sums(self, cum: np.ndarray, weights: list[float]) -> np.ndarray:
+    def starts_before(self, prof: _Profile, n: int) -> np.ndarray:
+        """``starts(prof)[:n]``, reading only the steps those starts' runs cover."""
+        d, steps = self.d, prof.steps
+        n = min(n, steps - d + 1)
+        if n <= 0:
+            return np.zeros(0, dtype=bool)
+        return _runs(self._ok(prof, n + d - 1), d)
+
+    def earliest(self, prof: _Profile, after: int = 0) -> int | None:
+        """The first step of ``starts(prof)`` (the earliest start), or ``None``; ``after``: no
+        start before it fits (the search begins there)."""
+        d, steps = self.d, prof.steps
+        if d > steps:
+            return None
+        return _first_run(self._ok(prof, steps), d, after)
+
+    def _window_sums(self, cum: np.ndarray, weights: list[float], n: int) -> np.ndarray:
+        """Per start step ``0 … n−1``: Σ over pools of weight × (``cum`` over the run) ×
+        ``frac`` (``n ≤ steps − d + 1``)."""
         d = self.d
-        out = np.zeros(cum.shape[1] - d)
-        for (i, _, _), w in zip(self.needs, weights, strict=True):
+        out = np.zeros(n)
+        for i, w in zip(self.idx, weights, strict=True):
             if w:
-                out += w * (cum[i, d:] - cum[i, :-d])
+                out += w * (cum[i, d : d + n] - cum[i, :n])
         return out * self.frac
 
-    def costs(self, prof: _Profile) -> np.ndarray:
-        """Cost of a start at each step ``0 … steps−d`` (currency)."""
-        return self._window_sums(prof.cum_price, self.su)
+    def costs(self, prof: _Profile, n: int | None = None) -> np.ndarray:
+        """Cost of a start at each step ``0 … steps−d`` (or the first ``n``), currency."""
+        last = prof.steps - self.d + 1
+        return self._window_sums(prof.cum_price, self.su, last if n is None else n)
 
-    def emissions(self, prof: _Profile) -> np.ndarray:
-        """gCO2e of a start at each step ``0 … steps−d``."""
-        return self._window_sums(prof.cum_carbon, self.kw)
+    def emissions(self, prof: _Profile, n: int | None = None) -> np.ndarray:
+        """gCO2e of a start at each step ``0 … steps−d`` (or the first ``n``)."""
+        last = prof.steps - self.d + 1
+        return self._window_sums(prof.cum_carbon, self.kw, last if n is None else n)
 
     def cost_at(self, prof: _Profile, t: int) -> float:
-        c = prof.cum_price
-        e = t + self.d
+        """Cost of a start at step ``t`` (currency)."""
+        c, e = prof.cum_price_rows, t + self.d
         return (
-            sum(w * (c[i, e] - c[i, t]) for (i, _, _), w in zip(self.needs, self.su, strict=True))
-            * self.frac
+            sum(w * (c[i][e] - c[i][t]) for i, w in zip(self.idx, self.su, strict=True)) * self.frac
         )
 
     def emissions_at(self, prof: _Profile, t: int) -> float:
-        c = prof.cum_carbon
-        e = t + self.d
+        """gCO2e of a start at step ``t``."""
+        c, e = prof.cum_carbon_rows, t + self.d
         return (
-            sum(w * (c[i, e] - c[i, t]) for (i, _, _), w in zip(self.needs, self.kw, strict=True))
-            * self.frac
+            sum(w * (c[i][e] - c[i][t]) for i, w in zip(self.idx, self.kw, strict=True)) * self.frac
         )
 
     def why_not_now(self, prof: _Profile) -> Reason:
         d = min(self.d, prof.steps)
-        if not self.open_now():
+        if not self.open_now(prof):
             return Reason.WINDOW
-        if not self._quota_ok(prof, 0, d).all():
+        if self.has_quota and not self._quota_ok(prof, 0, d).all():
             return Reason.QUOTA
-        if self._fits(prof.base_free, 0, d, windows=False).all():
+        if all(prof.base_fit_steps(n) >= d for n in self.needs):
             return Reason.PRIORITY
         return Reason.RESOURCES
 
@@ -343,9 +577,14 @@ def _misfit(job: Job, pid: int, r, prof: _Profile) -> str:
 
 
 def _unservable(job: Job, prof: _Profile) -> str:
-    """A reason the job can never run on these pools, or ``""``."""
+    """A reason the job can never run on these pools, or ``""`` (``_misfit`` of each request,
+    kept per pool, request and GPU model)."""
+    seen = prof.misfits
     for pid, r in job.demands.items():
-        problem = _misfit(job, pid, r, prof)
+        key = (pid, r.cores, r.memory_gib, r.gpus, job.gpu_model)
+        problem = seen.get(key)
+        if problem is None:
+            problem = seen[key] = _misfit(job, pid, r, prof)
         if problem:
             return problem
     if not job.demands:
@@ -396,13 +635,54 @@ def _earliest_choice(job: Job, choices: list[dict[int, int]], prof: _Profile) ->
         req = _Request(_with_pools(job, chosen), prof)
         if not all(prof.online[i] for i in req.idx):
             continue
-        first = np.flatnonzero(req.starts(prof))
-        t = int(first[0]) if len(first) else math.inf
+        first = req.earliest(prof)
+        t = math.inf if first is None else first
         if t < best_t:
             best, best_t = chosen, t
             if t == 0:
                 break
     return best
+
+
+def _choose_start(
+    req: _Request,
+    prof: _Profile,
+    policy: Policy,
+    starts: np.ndarray | None = None,
+    costs: np.ndarray | None = None,
+) -> tuple[int | None, int | None]:
+    """``(first, t)``: the earliest step at which the job's whole run fits (gang, windows,
+    quotas) and the step its policy chooses; ``(None, None)`` when none in the horizon.
+
+    ``ASAP`` takes the earliest; ``CHEAPEST`` / ``GREENEST`` the start with the least cost /
+    emissions among those that meet the deadline (the earliest within 1e-9 of the least), else
+    the earliest (late) — Wiesner et al., Middleware 2021, section 4. ``starts`` (bool over
+    start steps ``0 … steps−d``) and ``costs`` (currency per start step) when the caller has
+    them (a budget cap removed the starts above it); otherwise only the steps that the starts
+    before the deadline cover are read, and the whole horizon only when none of them fits.
+    """
+    timely = policy is not Policy.ASAP and req.last_start >= 0
+    if timely:
+        n = req.last_start + 1
+        window = req.starts_before(prof, n) if starts is None else starts[:n]
+        first = _first_true(window)
+        if first is not None:
+            if policy is Policy.CHEAPEST:
+                metric = costs[: len(window)] if costs is not None else req.costs(prof, len(window))
+            else:
+                metric = req.emissions(prof, len(window))
+            values = np.where(window, metric, np.inf)  # the starts that fit, by their metric
+            least = values.min()
+            if least < np.inf:
+                return first, int((values <= least + 1e-9).argmax())
+            in_time = np.flatnonzero(window)  # every start that fits costs +inf (or NaN)
+            values = metric[in_time]
+            return first, int(in_time[np.flatnonzero(values <= values.min() + 1e-9)[0]])
+    if starts is not None:
+        first = _first_true(starts)
+    else:  # none of the starts before the deadline fits: the earliest is after them
+        first = req.earliest(prof, after=req.last_start + 1 if timely else 0)
+    return first, first
 
 
 def schedule(snapshot: Snapshot, config: Config | None = None) -> list[Decision]:
@@ -486,41 +766,29 @@ def schedule(snapshot: Snapshot, config: Config | None = None) -> list[Decision]
         ):
             decisions.append(decide(req, prio, Action.WAIT, req.why_not_now(prof), None))
             continue
-        starts = req.starts(prof)
-        if not starts.any() and config.preemption:
-            pass  # preemption below may still free step 0
-        costs = None
-        if job.budget_cap is not None or policy is Policy.CHEAPEST:
-            costs = req.costs(prof) if len(starts) else np.zeros(0)
-        if job.budget_cap is not None and starts.any():
-            within = starts & (costs <= job.budget_cap + _EPS)
-            if not within.any():
-                cheapest = float(costs[starts].min())
-                decisions.append(
-                    Decision(
-                        job.id,
-                        Action.REFUSE,
-                        Reason.BUDGET,
-                        prio,
-                        cost=cheapest,
-                        detail=f"the cheapest start costs {cheapest:.2f}, above the cap "
-                        f"{job.budget_cap:.2f}",
+        starts = costs = None
+        if job.budget_cap is not None:  # the cheapest start of all decides a refusal
+            starts = req.starts(prof)
+            if starts.any():
+                costs = req.costs(prof)
+                within = starts & (costs <= job.budget_cap + _EPS)
+                if not within.any():
+                    cheapest = float(costs[starts].min())
+                    decisions.append(
+                        Decision(
+                            job.id,
+                            Action.REFUSE,
+                            Reason.BUDGET,
+                            prio,
+                            cost=cheapest,
+                            detail=f"the cheapest start costs {cheapest:.2f}, above the cap "
+                            f"{job.budget_cap:.2f}",
+                        )
                     )
-                )
-                continue
-            starts = within
-        candidates = np.flatnonzero(starts)
-        t = None
-        late = False
-        if len(candidates):
-            t = int(candidates[0])
-            if policy is not Policy.ASAP:
-                in_time = candidates[candidates <= req.last_start]
-                if len(in_time):
-                    metric = costs if policy is Policy.CHEAPEST else req.emissions(prof)
-                    values = metric[in_time]
-                    t = int(in_time[np.flatnonzero(values <= values.min() + 1e-9)[0]])
-            late = t > req.last_start
+                    continue
+                starts = within
+        first, t = _choose_start(req, prof, policy, starts, costs)
+        late = t is not None and t > req.last_start
         # Preemption: a blocked job of higher QoS may stop lower-QoS preemptible running jobs.
         if t != 0 and config.preemption and snapshot.running:
             victims = _preemption(req, prof, running_by_id, {d.job_id for d in preempted})
@@ -563,18 +831,18 @@ def schedule(snapshot: Snapshot, config: Config | None = None) -> list[Decision]
             )
             continue
         if t == 0:
-            prof._take(job.project, job.demands, 0, req.d, sign=-1.0)
+            prof.take(req, 0, req.d)
             if left is not None:
                 budget_left[job.project] = left - cost
             decisions.append(decide(req, prio, Action.START, Reason.NONE, 0, late, cost=cost))
             continue
-        shifted = policy is not Policy.ASAP and candidates[0] != t
+        shifted = policy is not Policy.ASAP and first != t
         reason = Reason.TIME_SHIFT if shifted else req.why_not_now(prof)
         if late and not shifted:
             reason = Reason.DEADLINE if reason is Reason.RESOURCES else reason
         if shifted or not head_reserved or not config.backfill:
             # A reservation: later jobs may not use these resources (EASY head or a planned shift).
-            prof._take(job.project, job.demands, t, t + req.d, sign=-1.0)
+            prof.take(req, t, t + req.d)
             if left is not None:
                 budget_left[job.project] = left - cost
             head_reserved = head_reserved or not shifted
@@ -609,7 +877,7 @@ def _preemption(req: _Request, prof: _Profile, running_by_id, taken: set[int]):
         ),
         key=lambda r: (QOS_LEVELS.get(r.qos, 1), -r.started_s, -r.id),
     )
-    if not candidates or not req.open_now():
+    if not candidates or not req.open_now(prof):
         return None
     free = prof.free.copy()
     chosen = []
