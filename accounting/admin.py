@@ -8,14 +8,17 @@ from django.core.exceptions import PermissionDenied
 
 from accounting.models import JobAccountingStep
 from accounting.services import steps as services
+from federation.selectors import JOB_WIDE_FIELDS
+from portal.admin import LargeTableMixin
 
 
 @admin.register(JobAccountingStep)
-class JobAccountingStepAdmin(admin.ModelAdmin):
+class JobAccountingStepAdmin(LargeTableMixin, admin.ModelAdmin):
     list_display = ("job", "step", "status", "attempts", "error", "updated_at")
     list_filter = ("status", "step")
     search_fields = ("job__id", "job__title", "error")
     list_select_related = ("job",)
+    list_defer = tuple(f"job__{name}" for name in JOB_WIDE_FIELDS)
     readonly_fields = ("job", "step", "status", "attempts", "error", "detail", "updated_at")
     actions = ["retry_accounting"]
 

@@ -278,12 +278,22 @@ class BillingEntry(models.Model):
     )
     currency = models.CharField(max_length=3, default="EUR")
     invoice = models.ForeignKey(
-        Invoice, null=True, blank=True, on_delete=models.PROTECT, related_name="entries"
+        Invoice,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="entries",
+        db_index=False,  # the (invoice, job) index below serves lookups by invoice
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["job", "site__slug", "kind", "run"]
+        indexes = [
+            # An invoice's lines in job order (its page, 50 at a time, and its CSV): without it
+            # PostgreSQL walked every entry in job order to find the invoice's (issue 12).
+            models.Index(fields=["invoice", "job"], name="billing_invoice_job"),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["job", "site", "kind", "run"], name="billing_unique_entry_run"

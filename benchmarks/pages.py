@@ -3,7 +3,7 @@
 Run from the repository root (3–6 minutes on a 2-CPU machine; PostgreSQL on 127.0.0.1, as the
 test suite uses it, or ``DATABASE_URL``)::
 
-    .venv/bin/python benchmarks/pages.py [--jobs 10000] [--requests 30] [--explain]
+    .venv/bin/python benchmarks/pages.py [--jobs 10000] [--requests 30] [--explain] [--reuse NAME]
 
 What it does, all in this one process:
 
@@ -30,6 +30,12 @@ What it does, all in this one process:
    with two ``Count(distinct)`` annotations, and the paginator's ``COUNT(*)`` over it), swapped in
    for the selector in this process: the before/after ratio on the same rows.
 
+``--reuse NAME`` keeps the database, named ``NAME``, instead of dropping it, and on the next run
+with the same name takes the world found there (``tests.scale_world.find``) rather than building
+it again: the build is most of a run's 3–6 minutes. The kept database is migrated at every run
+(new indexes apply; a migration that changes the rows ``build`` wrote needs a fresh one, and so
+does another ``--jobs``); drop it with ``dropdb NAME``.
+
 ``--explain`` prints PostgreSQL's ``EXPLAIN ANALYZE`` of the job list's queries.
 
 Target (issue 12): every list page p95 < 100 ms at 10,000 jobs. The figures are wall times on a
@@ -54,8 +60,9 @@ TARGET_MS = 100.0
 BATCH = 5000
 
 
-def _setup_django():
-    """Django on a fresh PostgreSQL database (created here, dropped by the caller)."""
+def _setup_django(reuse: str = ""):
+    """Django on a fresh PostgreSQL database (created here, dropped by the caller), or on the
+    database named ``reuse`` (created if missing, migrated, kept)."""
     var = tempfile.mkdtemp(prefix="frp-bench-pages-")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
     os.environ["FRP_VAR_DIR"] = var
@@ -74,7 +81,12 @@ def _setup_django():
     settings.DEBUG = False
     settings.FRP_LEDGER_KEY_FILE = Path(var) / "ledger" / "signer.key"
     settings.FRP_LEDGER_SIGNER_KEY = ""
-    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
+    if reuse:
+        settings.DATABASES["default"].setdefault("TEST", {})["NAME"] = reuse
+        connection.settings_dict.setdefault("TEST", {})["NAME"] = reuse
+    old_name = connection.creation.create_test_db(
+        verbosity=0, autoclobber=True, serialize=False, keepdb=bool(reuse)
+    )
     return connection, old_name
 
 
@@ -178,18 +190,31 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--explain", action="store_true")
     parser.add_argument(
+        "--reuse",
+        metavar="NAME",
+        default="",
+        help="keep the database NAME and take the world already built there on later runs",
+    )
+    parser.add_argument(
         "--queries", action="store_true", help="print each page's three slowest queries"
     )
     args = parser.parse_args()
 
-    connection, old_name = _setup_django()
+    connection, old_name = _setup_django(args.reuse)
     try:
         from django.test import Client
 
         from federation import selectors, views
-        from tests.scale_world import build, list_pages
+        from tests.scale_world import build, find, list_pages
 
-        world = build(n_jobs=args.jobs)
+        world = find() if args.reuse else None
+        if world is None:
+            world = build(n_jobs=args.jobs)
+        elif world["counts"]["jobs"] != args.jobs:
+            raise SystemExit(
+                f"{args.reuse} holds {world['counts']['jobs']:,} jobs, not {args.jobs:,}: "
+                f"dropdb {args.reuse}, or pass --jobs {world['counts']['jobs']}"
+            )
         print(
             f"PostgreSQL {connection.pg_version // 10000}, database {connection.settings_dict['NAME']}"
             f" built in {world['seconds']:.1f} s: "
@@ -269,7 +294,7 @@ def main() -> int:
 
         for c in connections.all():
             c.close()
-        connection.creation.destroy_test_db(old_name, verbosity=0)
+        connection.creation.destroy_test_db(old_name, verbosity=0, keepdb=bool(args.reuse))
     return 0
 
 

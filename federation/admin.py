@@ -3,7 +3,8 @@
 from django.contrib import admin
 
 from federation.models import ComputePool, FederatedJob, JobSite, RoundMetric
-from portal.admin import SafeAutocompleteAdmin
+from federation.selectors import JOB_WIDE_FIELDS
+from portal.admin import LargeTableMixin, SafeAutocompleteAdmin
 
 
 @admin.register(ComputePool)
@@ -40,10 +41,11 @@ class RoundMetricInline(admin.TabularInline):
 
 
 @admin.register(FederatedJob)
-class FederatedJobAdmin(admin.ModelAdmin):
+class FederatedJobAdmin(LargeTableMixin, admin.ModelAdmin):
     list_display = ["id", "title", "project", "status", "flower_run_id", "created_at"]
     list_filter = ["status"]
     search_fields = ["title", "flower_run_id"]
     list_select_related = ["project"]
+    list_defer = JOB_WIDE_FIELDS
     readonly_fields = ["callback_seq", "flower_run_id", "final_metrics", "failure_reason"]
     inlines = [JobSiteInline, RoundMetricInline]

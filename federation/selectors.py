@@ -25,6 +25,21 @@ from sandbox.selectors import stewarded_institution_ids
 from sandbox.sitestore import site_dir
 from sandbox.templatetags.sandbox_tags import disclosed, disclosed_sum
 
+# A job's columns that lists of jobs (and of their steps, lines …) do not show, the widest first
+# (``final_metrics`` holds the model, about 2 kB): ``defer`` them there (issue 12).
+JOB_WIDE_FIELDS = (
+    "final_metrics",
+    "feature_columns",
+    "preprocessing",
+    "preparation",
+    "model_spec",
+    "strategy_spec",
+    "privacy",
+    "earlier_runs",
+    "status_detail",
+    "failure_reason",
+)
+
 
 def _visible_jobs(user):
     """Jobs ``user`` may view (``portal.permissions`` ``job.view``), as one query.

@@ -2,6 +2,7 @@
 
 from django.contrib import admin
 
+from portal.admin import LargeTableMixin
 from sandbox.models import AccessRequest, Dataset, DatasetVersion
 
 
@@ -28,7 +29,8 @@ class DatasetAdmin(admin.ModelAdmin):
 
 
 @admin.register(AccessRequest)
-class AccessRequestAdmin(admin.ModelAdmin):
+class AccessRequestAdmin(LargeTableMixin, admin.ModelAdmin):
     list_display = ["project", "dataset", "status", "expires_at", "decided_by", "created_at"]
     list_filter = ["status"]
     list_select_related = ["project", "dataset__site", "decided_by"]
+    list_defer = ("purpose", "decision_reason")

@@ -379,6 +379,58 @@ def build(
     }
 
 
+def find(*, tag: str = "") -> dict | None:
+    """The world ``build(tag=tag)`` left in the database (``benchmarks/pages.py --reuse``), as
+    ``build`` returned it (``seconds`` 0), or None when there is none."""
+    from collections import Counter as _Counter
+
+    from django.contrib.auth import get_user_model
+
+    from accounting.models import BillingEntry, JobAccountingStep
+    from federation.models import FederatedJob, JobSite, RoundMetric, SiteRoundMetric
+    from portal.ledger.models import LedgerEntry
+    from portal.models import AuditEvent, Institution, Project
+    from sandbox.models import Dataset
+
+    User = get_user_model()
+    institution = Institution.objects.filter(slug=f"inst{tag}-0").first()
+    if institution is None:
+        return None
+    project = Project.objects.get(slug=f"project{tag}-0")
+    jobs = FederatedJob.objects.filter(project__slug__startswith=f"project{tag}-").order_by("pk")
+    n_jobs = jobs.count()
+    by_invoice = _Counter(
+        BillingEntry.objects.filter(institution=institution)
+        .order_by("pk")
+        .values_list("invoice", flat=True)
+    )
+    users = {
+        who: User.objects.get(username=f"user{tag}{i}")
+        for i, who in enumerate(("researcher", "steward", "inst_admin", "staff"))
+    }
+    return {
+        **users,
+        "institution": institution,
+        "job": jobs[(n_jobs // 2) & ~1],
+        "project": project,
+        "dataset": Dataset.objects.filter(site__institution__slug__startswith=f"inst{tag}-")
+        .order_by("pk")
+        .first(),
+        "invoice": institution.invoices.get(pk=by_invoice.most_common(1)[0][0]),
+        "counts": {
+            "jobs": n_jobs,
+            "job sites": JobSite.objects.count(),
+            "round metrics": RoundMetric.objects.count(),
+            "site round metrics": SiteRoundMetric.objects.count(),
+            "billing entries": BillingEntry.objects.count(),
+            "ledger leaves": LedgerEntry.objects.count(),
+            "audit events": AuditEvent.objects.count(),
+            "accounting steps": JobAccountingStep.objects.count(),
+        },
+        "seconds": 0.0,
+    }
+
+
 def list_pages(world: dict) -> list[tuple[str, str, str]]:
     """``(who, label, url)`` of every list page of the URL configuration (and the job page, the
     benchmark's reference), ``who`` being the key of the user in ``world`` to sign in as. Pages

@@ -123,6 +123,29 @@ def test_billing_series_by_hand(world):
     assert series["currency"] == "EUR"
 
 
+def test_billing_series_months_start_at_midnight_in_the_portals_zone(world):
+    """The series' months are the portal zone's (as ``__date`` was before issue 12): a job that
+    finished at 23:30 UTC on 31 January finished on 1 February in Berlin."""
+    from accounting.selectors.billing import institution_billing_series
+
+    job = world.jobs["J2"]  # B's project's job: 16.333 core-h, 48.5 SU
+    job.finished_at = dt.datetime(2025, 1, 31, 23, 30, tzinfo=dt.UTC)
+    job.save(update_fields=["finished_at"])
+
+    def series(zone):
+        with timezone.override(zone):
+            return institution_billing_series(
+                institution=world.inst["B"], today=dt.date(2025, 4, 15), months=3
+            )
+
+    berlin, utc = series("Europe/Berlin"), series("UTC")
+
+    assert berlin["core_hours_used"] == [16.333, 0.0, 0.0]
+    assert berlin["su_used"] == [48.5, 0.0, 0.0]
+    assert utc["core_hours_used"] == [0.0, 0.0, 0.0]  # January: before the series
+    assert utc["su_used"] == [0.0, 0.0, 0.0]
+
+
 def test_invoice_detail_lists_lines_and_totals(client, world):
     client.force_login(world.admins["B"])
 

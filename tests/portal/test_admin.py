@@ -74,3 +74,73 @@ def test_membership_form_with_a_junk_user_id_is_a_form_error(client, platform_ad
 
     assert response.status_code == 200
     assert "Select a valid choice" in response.content.decode()
+
+
+# --- change lists of the big tables (issue 12) -------------------------------------------------
+
+
+def test_large_table_checkbox_is_djangos_html(platform_admin):
+    """``LargeTableMixin.action_checkbox`` writes the HTML Django's ``CheckboxInput`` renders,
+    escaping included."""
+    from django.contrib import admin
+
+    from federation.models import FederatedJob
+    from tests.factories import BillingJobFactory
+
+    job = BillingJobFactory(title='<b>"Job" & co</b>')
+    model_admin = admin.site._registry[FederatedJob]
+
+    assert model_admin.action_checkbox(job) == admin.ModelAdmin.action_checkbox(model_admin, job)
+
+
+@pytest.mark.parametrize(
+    ("url", "wide"),
+    [
+        ("/admin/federation/federatedjob/", "final_metrics"),
+        ("/admin/accounting/jobaccountingstep/", "final_metrics"),
+        ("/admin/portal/auditevent/", '"data"'),
+        ("/admin/sandbox/accessrequest/", "purpose"),
+    ],
+)
+def test_big_change_lists_show_50_rows_without_their_wide_columns(
+    client, platform_admin, url, wide
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from tests.scale_world import build
+
+    build(n_jobs=60, n_users=20, n_projects=4, n_datasets=10, rounds=1, months=1, tag="a")
+
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get(url)
+
+    assert response.status_code == 200
+    assert response.context["cl"].result_count > 50
+    assert len(response.context["cl"].result_list) == 50
+    listed = [q["sql"] for q in queries.captured_queries if "LIMIT 50" in q["sql"]]
+    assert len(listed) == 1 and wide not in listed[0]
+
+
+def test_retry_action_on_deferred_steps_queues_the_jobs_accounting(
+    client, platform_admin, django_capture_on_commit_callbacks
+):
+    """The admin action gets the change list's rows (jobs' wide columns deferred)."""
+    from accounting.models import JobAccountingStep, StepStatus
+    from tests.scale_world import build
+
+    build(n_jobs=20, n_users=12, n_projects=2, n_datasets=10, rounds=1, months=1, tag="r")
+    failed = JobAccountingStep.objects.get(status=StepStatus.FAILED)  # job 0 of 20
+
+    with django_capture_on_commit_callbacks() as callbacks:
+        response = client.post(
+            "/admin/accounting/jobaccountingstep/",
+            {"action": "retry_accounting", "_selected_action": [str(failed.pk)]},
+            follow=True,
+        )
+
+    assert response.status_code == 200
+    assert f"Job #{failed.job_id}: queued billing" in response.content.decode()
+    failed.refresh_from_db()
+    assert failed.status == StepStatus.PENDING
+    assert len(callbacks) == 1
