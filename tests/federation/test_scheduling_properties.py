@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from federation.scheduling import (
@@ -265,8 +265,29 @@ def _window(pool: Pool, k: int) -> Pool:
     return Pool(**{f: getattr(pool, f) for f in pool.__slots__} | cut)
 
 
+# The case random search rarely draws: job 1 (ASAP, pool 2 full until step 3) is the EASY head;
+# job 2 (greenest, due at step 5) can first start at step 2, which is also its greenest; job 10,
+# younger, fits now on pool 1 only by running over steps 2..3. Job 2 must keep step 2.
+_KEPT_START = (
+    [
+        Pool(1, "a", Resources(4, 32.0), slots=4, carbon=[10.0 * k for k in range(2 * STEPS)]),
+        Pool(2, "b", Resources(4, 32.0), slots=4),
+    ],
+    [
+        Running(100, "q", {1: Resources(2)}, -100.0, 2 * STEP),
+        Running(101, "q", {2: Resources(4)}, -100.0, 3 * STEP),
+    ],
+    [
+        Job(1, "q", -3000.0, {2: Resources(4)}, 2 * STEP),
+        Job(2, "p", -2000.0, {1: Resources(4)}, 2 * STEP, Policy.GREENEST, deadline_s=5 * STEP),
+        Job(10, "p", -1000.0, {1: Resources(2)}, 4 * STEP),
+    ],
+)
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(arrivals())
+@example(_KEPT_START)
 def test_time_shifted_job_given_a_start_in_time_ends_by_its_deadline(world):
     # Passes at every step as the portal runs them (age alone orders the queue, so every job
     # arriving later ranks below job 2; no preemption): a job that the first pass gives a start
