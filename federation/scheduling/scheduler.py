@@ -14,12 +14,17 @@ Algorithm (per pass):
    open for the whole run (gang admission), within the project's quota per pool.
    - ``ASAP``: the earliest such start; ``CHEAPEST`` / ``GREENEST``: the start before the deadline
      with the least cost / emissions (earliest among equals), else the earliest (``late``) —
-     time shifting after Wiesner et al., "Let's Wait Awhile" (Middleware 2021), section 4.
+     time shifting after Wiesner et al., "Let's Wait Awhile" (Middleware 2021), section 4. The
+     chosen start keeps a safety margin before the deadline (``_Request.latest_shift``): one run
+     length, but never more than half the slack (deadline − earliest feasible end), so a job
+     displaced in a later pass still has time to run before its deadline.
    - A start at step 0 is START; the resources are taken from the profile.
    - EASY backfill (Lifka 1995; Mu'alem & Feitelson, IEEE TPDS 12(6), 2001): the first job that
      cannot start now (the head) gets a reservation (PLAN) at its earliest start; later jobs start
      now only where the profile *with that reservation* still has room, so backfill never delays
-     the head. Time-shifted jobs reserve their chosen start too. Without backfill a blocked job
+     the head. A time-shifted job that meets its deadline reserves its chosen start too (PLAN),
+     whether or not it is the head and also when that start is its earliest: no later job, nor
+     backfill, takes the capacity it waits for. Without backfill a blocked job
      stops every later job that shares one of its pools (first come, first served per pool, as
      the portal admitted jobs before this scheduler).
    - Budgets: starts whose cost exceeds ``Job.budget_cap`` are not considered; a job with none
@@ -424,6 +429,26 @@ class _Request:
                 (job.deadline_s - job.duration_s - prof.snapshot.now_s) / prof.step_s + _EPS
             )
 
+    def latest_shift(self, prof: _Profile, first: int) -> int:
+        """The last start step a time-shifted policy may choose when ``first`` (``≤
+        last_start``) is the earliest feasible start: ``last_start`` less a safety margin of one
+        run length (``duration_s``), but never more than half the slack (deadline − the end of a
+        run started at ``first``), rounded down to the grid and never before ``first``. Without a
+        deadline there is no margin (``last_start``: the horizon).
+
+        Why: a pass's plan is not kept (the next pass plans again), so a job that waits for the
+        last cheap or green start before its deadline misses it as soon as a new higher-priority
+        job takes that start; the margin leaves a run length to recover in (issue 15).
+        """
+        job = self.job
+        if job.deadline_s is None:
+            return self.last_start
+        now, step = prof.snapshot.now_s, prof.step_s
+        slack_s = job.deadline_s - (now + first * step + job.duration_s)
+        margin_s = min(job.duration_s, max(0.0, slack_s) / 2.0)
+        cut = math.floor((job.deadline_s - job.duration_s - margin_s - now) / step + _EPS)
+        return max(first, min(self.last_start, cut))
+
     def _fits(self, free: np.ndarray, lo: int, hi: int) -> np.ndarray:
         """Per step in ``[lo, hi)``: every pool is open to the job and has its demand free in
         ``free`` (``(pools, 4, steps)``, a copy of the profile's)."""
@@ -655,8 +680,9 @@ def _choose_start(
     quotas) and the step its policy chooses; ``(None, None)`` when none in the horizon.
 
     ``ASAP`` takes the earliest; ``CHEAPEST`` / ``GREENEST`` the start with the least cost /
-    emissions among those that meet the deadline (the earliest within 1e-9 of the least), else
-    the earliest (late) — Wiesner et al., Middleware 2021, section 4. ``starts`` (bool over
+    emissions among those that meet the deadline with its safety margin (``first`` …
+    ``req.latest_shift(prof, first)``; the earliest within 1e-9 of the least), else the earliest
+    (late) — Wiesner et al., Middleware 2021, section 4. ``starts`` (bool over
     start steps ``0 … steps−d``) and ``costs`` (currency per start step) when the caller has
     them (a budget cap removed the starts above it); otherwise only the steps that the starts
     before the deadline cover are read, and the whole horizon only when none of them fits.
@@ -667,6 +693,7 @@ def _choose_start(
         window = req.starts_before(prof, n) if starts is None else starts[:n]
         first = _first_true(window)
         if first is not None:
+            window = window[: req.latest_shift(prof, first) + 1]
             if policy is Policy.CHEAPEST:
                 metric = costs[: len(window)] if costs is not None else req.costs(prof, len(window))
             else:
@@ -837,11 +864,15 @@ def schedule(snapshot: Snapshot, config: Config | None = None) -> list[Decision]
             decisions.append(decide(req, prio, Action.START, Reason.NONE, 0, late, cost=cost))
             continue
         shifted = policy is not Policy.ASAP and first != t
+        # A time-shifted job in time keeps its start even when it is the earliest (not shifted):
+        # without the reservation a later job could take it and push this one past its deadline.
+        pinned = policy is not Policy.ASAP and not late
         reason = Reason.TIME_SHIFT if shifted else req.why_not_now(prof)
         if late and not shifted:
             reason = Reason.DEADLINE if reason is Reason.RESOURCES else reason
-        if shifted or not head_reserved or not config.backfill:
-            # A reservation: later jobs may not use these resources (EASY head or a planned shift).
+        if pinned or not head_reserved or not config.backfill:
+            # A reservation: later jobs may not use these resources (EASY head or a time-shifted
+            # job's chosen start).
             prof.take(req, t, t + req.d)
             if left is not None:
                 budget_left[job.project] = left - cost

@@ -285,11 +285,73 @@ def test_cheapest_starts_at_cheapest_hours():
 
 
 def test_deadline_limits_the_shift():
-    # Deadline at step 4: the run must end by then, so starts 0..2 → greenest is step 2 still;
-    # with the deadline at step 3 starts 0..1 → step 1 (420 < 700).
-    j = job(1, {1: R(2)}, minutes=30, policy=Policy.GREENEST, deadline_s=at(3))
+    # Deadline at step 4: the run (2 steps) must end by then, so starts 0..2 meet it; the slack
+    # (deadline − earliest end, 4 − 2 = 2 steps) halved keeps one step of margin: starts 0..1
+    # → step 1 (420 < 700), not the greener step 2 (220) that ends just at the deadline.
+    j = job(1, {1: R(2)}, minutes=30, policy=Policy.GREENEST, deadline_s=at(4))
     d = schedule(snap([shifting_pool()], [j]))[0]
-    assert d.start_s == at(1)
+    assert (d.start_s, d.late) == (at(1), False)
+
+
+# Strictly falling intensity: the greenest start is always the latest one allowed.
+FALLING = [800, 700, 600, 500, 400, 300, 200, 100, 50, 40, 30, 20]
+
+
+@pytest.mark.parametrize(
+    ("minutes", "busy_until", "deadline", "expected"),
+    [
+        # 30 min (2 steps) due at step 12: starts 0..10 meet it; slack 12 − 2 = 10 steps, half
+        # is 5 > one run (2 steps): margin 2 → latest start 12 − 2 − 2 = 8.
+        pytest.param(30, 0, 12, 8, id="one-run-length"),
+        # 60 min (4 steps) due at step 7: slack 7 − 4 = 3 steps, half is 1.5 < one run (4):
+        # margin 1.5 steps → latest start ⌊7 − 4 − 1.5⌋ = 1.
+        pytest.param(60, 0, 7, 1, id="half-the-slack"),
+        # 60 min, the pool busy until step 2, due at step 10: the earliest end is step 6, slack
+        # 10 − 6 = 4 steps, half 2 < 4: margin 2 → latest start 10 − 4 − 2 = 4 (from now the
+        # slack would be 6 steps, margin 3, start 3: the slack counts from the earliest end).
+        pytest.param(60, 2, 10, 4, id="slack-from-earliest-end"),
+    ],
+)
+def test_time_shift_keeps_a_margin_before_the_deadline(minutes, busy_until, deadline, expected):
+    pool = Pool(1, "a", R(4, 8), carbon=FALLING, watts_per_core=100)
+    running = [Running(90, "q", {1: R(4)}, NOW - 100, at(busy_until))] if busy_until else []
+    j = job(1, {1: R(2)}, minutes=minutes, policy=Policy.GREENEST, deadline_s=at(deadline))
+    d = schedule(snap([pool], [j], running, steps=12))[0]
+    assert (d.action, d.start_s, d.late) == (Action.PLAN, at(expected), False)
+
+
+def test_time_shift_without_deadline_keeps_no_margin():
+    # No deadline, nothing to miss: the greenest start of the horizon, 12 − 2 = step 10.
+    pool = Pool(1, "a", R(4, 8), carbon=FALLING, watts_per_core=100)
+    j = job(1, {1: R(2)}, minutes=30, policy=Policy.GREENEST)
+    d = schedule(snap([pool], [j], steps=12))[0]
+    assert d.start_s == at(10)
+
+
+def test_greenest_start_is_not_taken_by_a_later_lower_priority_job():
+    # Oldest first (age alone). Job 1 (ASAP, pool 2 full until step 3) is the EASY head: it
+    # reserves step 3. Job 2 (greenest, 4 cores for 30 min) on pool 1, 2 of whose 4 cores are
+    # busy until step 2: its earliest start, step 2, is also its greenest (window sums 220 at 2,
+    # 250 at 3, 650 at 4; 4 is the last start its margin allows), so it is not "shifted". Job 3
+    # (ASAP, 2 cores for 60 min: steps 0..3) fits now only by taking the cores job 2 waits for
+    # at steps 2..3. Job 2 must keep its start: a plan at step 2, and job 3 waits for step 4.
+    pools = [shifting_pool(slots=4), Pool(2, "b", R(4, 8), slots=4)]
+    running = [
+        Running(90, "q", {1: R(2)}, NOW - 100, at(2)),
+        Running(91, "q", {2: R(4)}, NOW - 100, at(3)),
+    ]
+    head = job(1, {2: R(4)}, minutes=30, t=0)
+    green = job(2, {1: R(4)}, minutes=30, t=10, policy=Policy.GREENEST, deadline_s=at(8))
+    later = job(3, {1: R(2)}, minutes=60, t=20)
+    cfg = Config(weights=Weights(fairshare=0, size=0, qos=0))
+    d = by_id(schedule(snap(pools, [head, green, later], running), cfg))
+    assert (d[1].action, d[1].start_s) == (Action.PLAN, at(3))
+    assert (d[2].action, d[2].start_s, d[2].emissions_g) == (
+        Action.PLAN,
+        at(2),
+        pytest.approx(0.1 * 220),  # 4 cores × 100 W = 0.4 kW × 0.25 h per step
+    )
+    assert (d[3].action, d[3].start_s) == (Action.WAIT, at(4))
 
 
 def test_deadline_unreachable_runs_asap_and_is_late():
