@@ -32,12 +32,8 @@ from sklearn.preprocessing import StandardScaler
 
 from federation.models import FederatedJob, JobStatus
 from frp_flwr import contract
-from frp_flwr.preprocess import site_frame
-from sandbox.keyring import SiteKeyring
-from sandbox.loader import load_table
-from sandbox.storage import FilesystemStore
 from tests.federation.conftest import flower_world, wait_for
-from tests.federation.test_quality_integration import _post_data
+from tests.federation.job_form import job_form_data, site_frames
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -84,17 +80,7 @@ def _centralised(w, job) -> tuple[float, int]:
         features=list(job.feature_columns),
     )
     parts = {"train": ([], []), "test": ([], [])}
-    for js in job.sites.select_related("site", "dataset_version__dataset"):
-        site, dv = js.site.slug, js.dataset_version
-        table = load_table(
-            store=FilesystemStore(w.sites_dir / site / "store"),
-            kek=SiteKeyring(w.sites_dir / site / "keyring").get(site),
-            store_key=dv.store_key,
-            site=site,
-            dataset=dv.dataset.slug,
-            version=dv.version,
-        )
-        frame = site_frame(table.data, spec, test_fraction=0.2, seed=42)
+    for _site, frame in site_frames(w, job, spec):
         X = np.column_stack([frame.values[f] for f in spec.features])
         for part, rows in (("train", frame.train), ("test", frame.test)):
             parts[part][0].append(X[rows])
@@ -114,22 +100,11 @@ def outcome(cancer_world, django_db_blocker):
     with django_db_blocker.unblock():
         client = Client()
         client.force_login(w.researcher)
-        first = client.get("/jobs/new/")
-        assert first.status_code == 200
-        refreshed = client.post(
-            "/jobs/new/",
-            _post_data(
-                first.content.decode(),
-                datasets=[str(v.pk) for v in w.versions],
-                target_column="diagnosis",
-                title="Cancer MLP",
-                refresh="1",
-            ),
-        )
-        assert refreshed.status_code == 200
-        form_page = refreshed.content.decode()
-        data = _post_data(
-            form_page,
+        form_page, data = job_form_data(
+            client,
+            datasets=[str(v.pk) for v in w.versions],
+            target="diagnosis",
+            title="Cancer MLP",
             num_rounds=ROUNDS,
             local_epochs=5,
             learning_rate=0.05,
@@ -139,7 +114,6 @@ def outcome(cancer_world, django_db_blocker):
             strategy_name="fedprox",
             fedprox_mu="0.01",
         )
-        data.pop("refresh", None)
         response = client.post("/jobs/new/", data)
         assert response.status_code == 302, response.content.decode()[-3000:]
         job = FederatedJob.objects.get(title="Cancer MLP")

@@ -25,7 +25,7 @@ from portal.ledger.models import LedgerEntry
 from portal.models import Membership, Role
 from sandbox.models import AccessRequest, AccessStatus, PrivacyBudget
 from tests.federation.conftest import flower_world, wait_for
-from tests.federation.test_quality_integration import _post_data
+from tests.federation.job_form import job_form_data
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -90,27 +90,16 @@ def outcome(dp_world, django_db_blocker):
         }
 
         def form(title: str) -> dict:
-            first = client.get("/jobs/new/")
-            assert first.status_code == 200
-            refreshed = client.post(
-                "/jobs/new/",
-                _post_data(
-                    first.content.decode(),
-                    datasets=versions,
-                    target_column="diagnosis",
-                    title=title,
-                    refresh="1",
-                ),
-            )
-            assert refreshed.status_code == 200
-            data = _post_data(
-                refreshed.content.decode(),
+            _, data = job_form_data(
+                client,
+                datasets=versions,
+                target="diagnosis",
+                title=title,
                 num_rounds=ROUNDS,
                 local_epochs=3,
                 learning_rate=0.1,
                 **privacy,
             )
-            data.pop("refresh", None)
             return data
 
         data = form("DP job")

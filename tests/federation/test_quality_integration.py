@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
@@ -42,12 +41,9 @@ from sklearn.preprocessing import StandardScaler
 from federation import services
 from federation.models import FederatedJob, JobStatus
 from frp_flwr import contract
-from frp_flwr.preprocess import site_frame
 from frp_flwr.task import L2_PENALTY, centralised_c
-from sandbox.keyring import SiteKeyring
-from sandbox.loader import load_table
-from sandbox.storage import FilesystemStore
 from tests.federation.conftest import flower_world, wait_for
+from tests.federation.job_form import job_form_data, site_frames
 from tests.federation.wine_sites import (
     LEARNING_RATE,
     LOCAL_EPOCHS,
@@ -72,50 +68,6 @@ def wine_world(django_db_setup, django_db_blocker, live_server, tmp_path_factory
         yield world
 
 
-class _FormFields(HTMLParser):
-    """The values a browser would post for the first ``<form method="post">`` of a page."""
-
-    def __init__(self):
-        super().__init__()
-        self.fields: list[tuple[str, str]] = []
-        self._select: str | None = None
-        self._in_form = False
-
-    def handle_starttag(self, tag, attrs):
-        a = dict(attrs)
-        if tag == "form" and a.get("method") == "post":
-            self._in_form = True
-        if not self._in_form:
-            return
-        if tag == "input" and a.get("name"):
-            kind = a.get("type", "text")
-            if kind in ("checkbox", "radio"):
-                if "checked" in a:
-                    self.fields.append((a["name"], a.get("value", "on")))
-            elif kind not in ("submit", "button"):
-                self.fields.append((a["name"], a.get("value") or ""))
-        elif tag == "select":
-            self._select = a.get("name")
-        elif tag == "option" and self._select and "selected" in a:
-            self.fields.append((self._select, a.get("value", "")))
-
-    def handle_endtag(self, tag):
-        if tag == "select":
-            self._select = None
-        if tag == "form":
-            self._in_form = False
-
-
-def _post_data(page: str, **overrides) -> dict:
-    parser = _FormFields()
-    parser.feed(page)
-    data: dict[str, list[str]] = {}
-    for name, value in parser.fields:
-        data.setdefault(name, []).append(value)
-    data.update({k: v if isinstance(v, list) else [str(v)] for k, v in overrides.items()})
-    return data
-
-
 @dataclass
 class Outcome:
     job: FederatedJob
@@ -136,17 +88,7 @@ def _centralised(w, job) -> tuple[float, int]:
         plans=[contract.FeaturePlan(**p) for p in job.preprocessing],
     )
     parts = {"train": ([], []), "test": ([], [])}
-    for js in job.sites.select_related("site", "dataset_version__dataset"):
-        site, dv = js.site.slug, js.dataset_version
-        table = load_table(
-            store=FilesystemStore(w.sites_dir / site / "store"),
-            kek=SiteKeyring(w.sites_dir / site / "keyring").get(site),
-            store_key=dv.store_key,
-            site=site,
-            dataset=dv.dataset.slug,
-            version=dv.version,
-        )
-        frame = site_frame(table.data, spec, test_fraction=0.2, seed=42)
+    for _site, frame in site_frames(w, job, spec):
         X = np.column_stack([frame.values[f] for f in spec.features])
         for part, rows in (("train", frame.train), ("test", frame.test)):
             parts[part][0].append(X[rows])
@@ -167,26 +109,16 @@ def outcome(wine_world, django_db_blocker) -> Outcome:
     with django_db_blocker.unblock():
         client = Client()
         client.force_login(w.researcher)
-        versions = [str(v.pk) for v in w.versions]
-        first = client.get("/jobs/new/")
-        assert first.status_code == 200
         # Tick the datasets and the target: the columns table is drawn for them.
-        refreshed = client.post(
-            "/jobs/new/",
-            _post_data(
-                first.content.decode(),
-                datasets=versions,
-                target_column="cultivar",
-                title="Wine, as it comes",
-                refresh="1",
-            ),
+        form_page, data = job_form_data(
+            client,
+            datasets=[str(v.pk) for v in w.versions],
+            target="cultivar",
+            title="Wine, as it comes",
+            num_rounds=ROUNDS,
+            local_epochs=LOCAL_EPOCHS,
+            learning_rate=LEARNING_RATE,
         )
-        assert refreshed.status_code == 200
-        form_page = refreshed.content.decode()
-        data = _post_data(
-            form_page, num_rounds=ROUNDS, local_epochs=LOCAL_EPOCHS, learning_rate=LEARNING_RATE
-        )
-        data.pop("refresh", None)
         response = client.post("/jobs/new/", data)
         assert response.status_code == 302, response.content.decode()[-3000:]
         job = FederatedJob.objects.get(title="Wine, as it comes")

@@ -42,7 +42,7 @@ from federation.models import ComputePool, FederatedJob, JobStatus
 from federation.selectors import job_energy
 from portal.models import Membership, Role
 from tests.federation.conftest import flower_world, wait_for
-from tests.federation.test_quality_integration import _post_data
+from tests.federation.job_form import job_form_data, post_data
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -95,7 +95,7 @@ def _step_minutes(at: datetime) -> set[str]:
 def _pool_set_up(client: Client, pool: ComputePool, *, opens: datetime, low: datetime) -> None:
     """The institution admin's posts: the pool's settings page, then the carbon CSV upload."""
     page = client.get(reverse("federation:pool_edit", args=[pool.pk])).content.decode()
-    data = _post_data(
+    data = post_data(
         page,
         slots=2,
         base_price=PRICE,
@@ -129,25 +129,15 @@ def _pool_set_up(client: Client, pool: ComputePool, *, opens: datetime, low: dat
 
 def _form_data(client: Client, w, title: str, **sched) -> dict:
     """What the browser posts for a job on the demo data, with the schedule fields ``sched``."""
-    first = client.get(reverse("federation:job_create"))
-    refreshed = client.post(
-        reverse("federation:job_create"),
-        _post_data(
-            first.content.decode(),
-            datasets=[str(v.pk) for v in w.versions],
-            target_column="diagnosis",
-            title=title,
-            refresh="1",
-        ),
-    )
-    assert refreshed.status_code == 200
-    data = _post_data(
-        refreshed.content.decode(),
+    _, data = job_form_data(
+        client,
+        datasets=[str(v.pk) for v in w.versions],
+        target="diagnosis",
+        title=title,
         num_rounds=1,
         local_epochs=1,
         **{f"sched-{k}": v for k, v in sched.items()},
     )
-    data.pop("refresh", None)
     return data
 
 

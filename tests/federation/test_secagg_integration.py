@@ -35,11 +35,8 @@ from federation.models import FederatedJob, JobStatus
 from frp_flwr import contract
 from frp_flwr.preprocess import Fitted, site_frame, transform
 from frp_flwr.task import train_sgd
-from sandbox.keyring import SiteKeyring
-from sandbox.loader import load_table
-from sandbox.storage import FilesystemStore
 from tests.federation.conftest import flower_world, wait_for
-from tests.federation.test_quality_integration import _post_data
+from tests.federation.job_form import decrypted_table, job_form_data
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -72,26 +69,17 @@ def jobs(secagg_world, django_db_blocker):
     with django_db_blocker.unblock():
         client = Client()
         client.force_login(w.researcher)
-        first = client.get("/jobs/new/")
-        assert "Secure aggregation (SecAgg+)" in first.content.decode()
-        refreshed = client.post(
-            "/jobs/new/",
-            _post_data(
-                first.content.decode(),
-                datasets=[str(v.pk) for v in w.versions],
-                target_column="diagnosis",
-                title="secure",
-                refresh="1",
-            ),
-        )
-        data = _post_data(
-            refreshed.content.decode(),
+        form_page, data = job_form_data(
+            client,
+            datasets=[str(v.pk) for v in w.versions],
+            target="diagnosis",
+            title="secure",
             num_rounds=ROUNDS,
             local_epochs=EPOCHS,
             learning_rate=LR,
             secure_aggregation="on",
         )
-        data.pop("refresh", None)
+        assert "Secure aggregation (SecAgg+)" in form_page
         response = client.post("/jobs/new/", data)
         assert response.status_code == 302, response.content.decode()[-3000:]
         secure = FederatedJob.objects.get(title="secure")
@@ -127,22 +115,14 @@ def jobs(secagg_world, django_db_blocker):
 def _site_rows(w, job, site: str):
     """The site's training frame, read from its own store with its own key."""
     js = job.sites.select_related("dataset_version__dataset").get(site__slug=site)
-    dv = js.dataset_version
-    table = load_table(
-        store=FilesystemStore(w.sites_dir / site / "store"),
-        kek=SiteKeyring(w.sites_dir / site / "keyring").get(site),
-        store_key=dv.store_key,
-        site=site,
-        dataset=dv.dataset.slug,
-        version=dv.version,
-    )
+    table = decrypted_table(w, site, js.dataset_version)
     spec = contract.JobSpec(
         sites={s: contract.SitePointer("k", "d", 1) for s in SITES},
         target=job.target_column,
         features=list(job.feature_columns),
         plans=[contract.FeaturePlan(**p) for p in job.preprocessing],
     )
-    return site_frame(table.data, spec, test_fraction=0.2, seed=42)
+    return site_frame(table, spec, test_fraction=0.2, seed=42)
 
 
 def _true_updates(w, job, frames) -> dict[int, dict[str, tuple[list, list, int]]]:

@@ -34,13 +34,9 @@ from federation import services
 from federation.models import FederatedJob, JobStatus
 from federation.privacy import epsilon as accountant_epsilon
 from frp_flwr import contract
-from frp_flwr.preprocess import site_frame
-from sandbox.keyring import SiteKeyring
-from sandbox.loader import load_table
-from sandbox.storage import FilesystemStore
 from tests.federation.conftest import flower_world, wait_for
+from tests.federation.job_form import job_form_data, site_frames
 from tests.federation.test_models_integration import SITES, _write_sites
-from tests.federation.test_quality_integration import _post_data
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -100,17 +96,7 @@ def _held_out_majority(w, job) -> float:
         features=list(job.feature_columns),
     )
     labels: list[str] = []
-    for js in job.sites.select_related("site", "dataset_version__dataset"):
-        site, dv = js.site.slug, js.dataset_version
-        table = load_table(
-            store=FilesystemStore(w.sites_dir / site / "store"),
-            kek=SiteKeyring(w.sites_dir / site / "keyring").get(site),
-            store_key=dv.store_key,
-            site=site,
-            dataset=dv.dataset.slug,
-            version=dv.version,
-        )
-        frame = site_frame(table.data, spec, test_fraction=0.2, seed=42)
+    for _site, frame in site_frames(w, job, spec):
         labels.extend(np.asarray(frame.y)[frame.test].astype(str).tolist())
     return Counter(labels).most_common(1)[0][1] / len(labels)
 
@@ -124,27 +110,16 @@ def outcome(strategies_world, django_db_blocker):
         versions = [str(v.pk) for v in w.versions]
         pks = {}
         for title, (fields, _, _) in JOBS.items():
-            first = client.get("/jobs/new/")
-            assert first.status_code == 200
-            refreshed = client.post(
-                "/jobs/new/",
-                _post_data(
-                    first.content.decode(),
-                    datasets=versions,
-                    target_column="diagnosis",
-                    title=title,
-                    refresh="1",
-                ),
-            )
-            assert refreshed.status_code == 200
-            data = _post_data(
-                refreshed.content.decode(),
+            _, data = job_form_data(
+                client,
+                datasets=versions,
+                target="diagnosis",
+                title=title,
                 num_rounds=ROUNDS,
                 local_epochs=3,
                 learning_rate=0.1,
                 **fields,
             )
-            data.pop("refresh", None)
             response = client.post("/jobs/new/", data)
             assert response.status_code == 302, (title, response.content.decode()[-3000:])
             pks[title] = FederatedJob.objects.get(title=title).pk
