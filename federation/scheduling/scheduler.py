@@ -817,7 +817,10 @@ def schedule(snapshot: Snapshot, config: Config | None = None) -> list[Decision]
         first, t = _choose_start(req, prof, policy, starts, costs)
         late = t is not None and t > req.last_start
         # Preemption: a blocked job of higher QoS may stop lower-QoS preemptible running jobs.
-        if t != 0 and config.preemption and snapshot.running:
+        # Not a time-shifted job that meets its deadline at its chosen start: it waits by choice
+        # (for its low-price or low-carbon hours), and starting it now would undo the shift.
+        waits_by_choice = policy is not Policy.ASAP and t is not None and not late
+        if t != 0 and config.preemption and snapshot.running and not waits_by_choice:
             victims = _preemption(req, prof, running_by_id, {d.job_id for d in preempted})
             if victims is not None:
                 for run in victims:

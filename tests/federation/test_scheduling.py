@@ -433,6 +433,22 @@ def test_high_qos_job_preempts_low_qos_preemptible_job():
     assert (d[90].action, d[90].reason) == (Action.PREEMPT, Reason.PREEMPTED)
 
 
+def test_time_shifted_high_qos_job_waits_for_its_hours_instead_of_preempting():
+    # The greenest start of a 30-minute job is step 2 (test_greenest_starts_at_forecast_minimum…);
+    # the low-QoS job holds the whole pool until step 1. Preempting it would start the high-QoS
+    # job now, at 700 g/kWh·step instead of 220: it keeps its chosen start and nobody is stopped.
+    running = [Running(90, "q", {1: R(4)}, NOW - 100, at(1), qos="low", preemptible=True)]
+    green = job(1, {1: R(4)}, minutes=30, qos="high", policy=Policy.GREENEST, deadline_s=at(8))
+    d = by_id(schedule(snap([shifting_pool()], [green], running)))
+    assert (d[1].action, d[1].reason, d[1].start_s) == (Action.PLAN, Reason.TIME_SHIFT, at(2))
+    assert 90 not in d
+    # The same job under ASAP cannot wait for its hours: it preempts and starts now.
+    asap = job(1, {1: R(4)}, minutes=30, qos="high")
+    d = by_id(schedule(snap([shifting_pool()], [asap], running)))
+    assert d[1].action is Action.START
+    assert d[90].action is Action.PREEMPT
+
+
 def test_no_preemption_of_non_preemptible_or_equal_qos():
     pools = [Pool(1, "a", R(4, 8))]
     running = [
