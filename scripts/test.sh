@@ -32,4 +32,5 @@ echo "==> pytest"
 # Test files spread over three processes (pytest-xdist; a file's tests stay in one process, so a
 # module's federation starts once): about 0.6x the wall time of one process on this 2-core
 # machine (docs/adr/0029-parallel-test-files.md). FRP_TEST_WORKERS=0 runs them in one process.
-exec .venv/bin/python -m pytest -n "${FRP_TEST_WORKERS:-3}" --dist loadfile "$@"
+# Files with slow tests are handed out first (tests/conftest.py), not xdist's most-tests-first.
+exec .venv/bin/python -m pytest -n "${FRP_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@"

@@ -99,6 +99,26 @@ def _empty_the_model_store() -> None:
             child.unlink(missing_ok=True)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist, hand out the files with slow tests first (longest-processing-time first).
+
+    ``scripts/test.sh`` runs files in three processes (``--dist loadfile``) and turns off xdist's
+    own order (files with the most tests first, ``--no-loadscope-reorder``), which started the
+    real-federation modules, a few tests each and most of the run's time, last: three of them at
+    once at the end, with the quick files already done. Slow files first lets the quick ones fill
+    the processes' gaps while the federations wait. A stable sort, after pytest-django's own (which
+    puts transactional tests last): the order within each group is unchanged. Without xdist
+    (``FRP_TEST_WORKERS=0``) the order is pytest-django's.
+    """
+    import os
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
+
+
 @pytest.fixture
 def eager_celery(settings):
     """Run Celery tasks in-process (unit tests only)."""
