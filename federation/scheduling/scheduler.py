@@ -817,9 +817,14 @@ def schedule(snapshot: Snapshot, config: Config | None = None) -> list[Decision]
         first, t = _choose_start(req, prof, policy, starts, costs)
         late = t is not None and t > req.last_start
         # Preemption: a blocked job of higher QoS may stop lower-QoS preemptible running jobs.
-        # Not a time-shifted job that meets its deadline at its chosen start: it waits by choice
-        # (for its low-price or low-carbon hours), and starting it now would undo the shift.
-        waits_by_choice = policy is not Policy.ASAP and t is not None and not late
+        # Not a time-shifted job that meets its deadline at a chosen start cheaper or greener
+        # than now: it waits by choice, and starting it now would undo the shift.
+        waits_by_choice = (
+            policy is not Policy.ASAP
+            and t is not None
+            and not late
+            and not _now_no_worse(req, prof, policy, t)
+        )
         if t != 0 and config.preemption and snapshot.running and not waits_by_choice:
             victims = _preemption(req, prof, running_by_id, {d.job_id for d in preempted})
             if victims is not None:
@@ -894,6 +899,14 @@ def schedule(snapshot: Snapshot, config: Config | None = None) -> list[Decision]
         elif d.action is Action.START:  # its keys are its pools
             decisions[k] = replace(d, pools={pid: pid for pid in demands[d.job_id]})
     return decisions + preempted
+
+
+def _now_no_worse(req: _Request, prof: _Profile, policy: Policy, t: int) -> bool:
+    """Whether a start now (step 0) costs (``CHEAPEST``) or emits (``GREENEST``) no more than the
+    start at step ``t`` the policy chose among the feasible ones: then preempting to start now
+    serves the job's own policy."""
+    metric = req.cost_at if policy is Policy.CHEAPEST else req.emissions_at
+    return metric(prof, 0) <= metric(prof, t) + _EPS
 
 
 def _preemption(req: _Request, prof: _Profile, running_by_id, taken: set[int]):

@@ -442,6 +442,12 @@ def test_time_shifted_high_qos_job_waits_for_its_hours_instead_of_preempting():
     d = by_id(schedule(snap([shifting_pool()], [green], running)))
     assert (d[1].action, d[1].reason, d[1].start_s) == (Action.PLAN, Reason.TIME_SHIFT, at(2))
     assert 90 not in d
+    # Held until step 5 instead, its first free start emits 1000 (steps 5–6) against 700 now:
+    # now is its greenest start, and it preempts.
+    until5 = [Running(90, "q", {1: R(4)}, NOW - 100, at(5), qos="low", preemptible=True)]
+    d = by_id(schedule(snap([shifting_pool()], [green], until5)))
+    assert d[1].action is Action.START
+    assert d[90].action is Action.PREEMPT
     # The same job under ASAP cannot wait for its hours: it preempts and starts now.
     asap = job(1, {1: R(4)}, minutes=30, qos="high")
     d = by_id(schedule(snap([shifting_pool()], [asap], running)))
