@@ -50,8 +50,19 @@ $PY manage.py demo_seed
 
 PIDS=()
 cleanup() {
+  trap - INT TERM
+  echo "Stopping the portal, the Celery worker and the local federation ..."
   for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill "$pid" 2>/dev/null || true; done
+  # Celery's warm shutdown lets a running task finish: wait up to 30 s, then end it.
+  for _ in $(seq 1 150); do
+    alive=0
+    for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ "$alive" = 0 ] && break
+    sleep 0.2
+  done
+  for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null || true; done
   $PY manage.py federation_down >/dev/null 2>&1 || true
+  echo "Stopped."
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
