@@ -6,6 +6,8 @@ worker (tests/federation/conftest.py).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytest_plugins = ["tests.idp.fixtures"]  # the real OIDC and SAML IdPs
@@ -83,7 +85,6 @@ def _empty_the_model_store() -> None:
     the previous job's exiting ServerApp (its superlink.log: the new run's own task finished
     normally). Emptied at every flush, the store holds what the database knows of, no more.
     """
-    import os
     import shutil
     from pathlib import Path
     from urllib.parse import urlparse
@@ -111,8 +112,6 @@ def pytest_collection_modifyitems(config, items):
     puts transactional tests last): the order within each group is unchanged. Without xdist
     (``FRP_TEST_WORKERS=0``) the order is pytest-django's.
     """
-    import os
-
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
