@@ -9,12 +9,13 @@ from django.utils import timezone
 
 from accounting.services.billing import billing_currency
 from federation.models import ComputePool
+from portal.choice_fields import ModelChoiceField
 
 
 class PriceRuleForm(forms.Form):
     """A new price rule for one of the institution's pools, in Slurm TRESBillingWeights style."""
 
-    pool = forms.ModelChoiceField(
+    pool = ModelChoiceField(
         queryset=None, help_text="The compute pool (of one of your sites) this price applies to."
     )
     effective_from = forms.DateField(

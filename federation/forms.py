@@ -10,6 +10,7 @@ from federation import columns as job_columns
 from frp_flwr.contract import FEATURE_KINDS, MISSING_RULES, RULES_FOR_KIND, FeaturePlan
 from frp_flwr.models import MLP_DEFAULTS, XGBOOST_PARAMS, ModelSpecError, read_model_spec
 from frp_flwr.strategies import LABELS, STRATEGIES, StrategySpecError, read_strategy_spec
+from portal.choice_fields import ModelChoiceField, ModelMultipleChoiceField
 from portal.selectors import projects_for_user
 from sandbox.selectors import stewarded_institution_ids, usable_versions
 
@@ -53,7 +54,7 @@ STRATEGY_FIELDS = {
 }
 
 
-class DatasetChoiceField(forms.ModelMultipleChoiceField):
+class DatasetChoiceField(ModelMultipleChoiceField):
     """Datasets by title, version and site; rows under the profile's disclosure rule unless the
     user is a steward of the dataset's institution (``exact_for``: institution ids)."""
 
@@ -77,7 +78,7 @@ class JobSubmitForm(forms.Form):
     title = forms.CharField(
         max_length=200, help_text="A short name you will recognise in the job list."
     )
-    project = forms.ModelChoiceField(
+    project = ModelChoiceField(
         queryset=None, help_text="The job runs under this project's access grants and budget."
     )
     datasets = DatasetChoiceField(

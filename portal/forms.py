@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django import forms
 
+from portal.choice_fields import ModelChoiceField
 from portal.models import IdPProtocol, ProjectRole, Role
 
 
@@ -74,7 +75,7 @@ class MemberRolesForm(forms.Form):
 
 class ProjectCreateForm(forms.Form):
     title = forms.CharField(max_length=200, help_text="What the collaboration studies.")
-    institution = forms.ModelChoiceField(
+    institution = ModelChoiceField(
         queryset=None,
         label="Lead institution",
         help_text="Your institution that leads the project; it is invoiced for the project's compute.",

@@ -5,12 +5,13 @@ from __future__ import annotations
 from django import forms
 from django.utils import timezone
 
+from portal.choice_fields import ModelChoiceField
 from portal.selectors import projects_for_user
 from sandbox.csvformat import DELIMITER_NAMES, TYPES, missing_markers
 
 
 class AccessRequestForm(forms.Form):
-    project = forms.ModelChoiceField(queryset=None, help_text="The project that will use the data.")
+    project = ModelChoiceField(queryset=None, help_text="The project that will use the data.")
     purpose = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 3}),
         max_length=2000,
@@ -101,12 +102,12 @@ def parse_type_overrides(text: str) -> dict[str, str]:
 class DatasetUploadForm(forms.Form):
     """A data steward's upload of a CSV file as a new dataset, or a new version of one."""
 
-    site = forms.ModelChoiceField(
+    site = ModelChoiceField(
         queryset=None,
         empty_label=None,
         help_text="Your institution's site that will hold the encrypted data.",
     )
-    dataset = forms.ModelChoiceField(
+    dataset = ModelChoiceField(
         queryset=None,
         required=False,
         empty_label="— a new dataset —",

@@ -19,6 +19,7 @@ from django.http import HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
+from portal.choice_fields import ModelChoiceField
 from portal.ledger import selectors, services
 from portal.ledger.models import LedgerCheckpoint, LedgerEntry
 from portal.ledger.signer import ledger_verifier_key
@@ -28,7 +29,7 @@ PAGE_SIZE = 50
 
 
 class WitnessKeyForm(forms.Form):
-    institution = forms.ModelChoiceField(queryset=None, empty_label=None)
+    institution = ModelChoiceField(queryset=None, empty_label=None)
     verifier_key = forms.CharField(
         max_length=400,
         label="Verifier key",

@@ -199,6 +199,8 @@ ROUND = {"event": "round", "seq": 1, "round": 1, "sites": {"a": SITE}}
         (_body({"event": "failed", "seq": 0}), "seq: 0 is outside"),
         (_body({"event": "failed", "seq": 1, "reason": "x" * 5000}), "longer than 4000"),
         (_body({"event": "failed", "seq": 1, "reason": 3}), "expected a string"),
+        # A lone surrogate (valid JSON escape, not encodable text): the database write failed.
+        (b'{"event":"failed","seq":1,"reason":"x\\ud800y"}', "not valid Unicode text"),
         (
             _body(
                 {"event": "contribution", "seq": 1, "players": ["a"], "utilities": {"0": {"5": 1}}}

@@ -153,6 +153,14 @@ def test_verify_stale_timestamp_raises(skew):
         )
 
 
+@pytest.mark.parametrize("digits", [309, 310, 4000])
+def test_verify_timestamp_too_large_for_a_float_is_outside_the_window(digits):
+    # ``now`` is a float (time.time()) and 10**309 does not fit one: ``now - ts`` raised
+    # OverflowError, a 500 for anyone.
+    with pytest.raises(SignatureError, match="window"):
+        verify(TOKEN, BODY, timestamp="1" + "0" * digits, signature="v1=00", now=float(TS))
+
+
 @pytest.mark.parametrize("skew", [300, -300])
 def test_verify_timestamp_at_window_edge_accepts(skew):
     headers = sign(TOKEN, BODY, timestamp=TS)

@@ -118,6 +118,11 @@ def read_str(value: Any, where: str, *, max_len: int = MAX_TEXT, pattern=None) -
         raise ContractError(f"{where}: expected a string, got {_kind(value)}")
     if len(value) > max_len:
         raise ContractError(f"{where}: longer than {max_len} characters")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate from a JSON escape such as "\ud800"
+            raise ContractError(f"{where}: not valid Unicode text") from None
     if pattern is not None and not pattern.match(value):
         raise ContractError(f"{where}: {value[:60]!r} is not a valid value")
     return value

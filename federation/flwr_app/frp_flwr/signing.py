@@ -110,7 +110,11 @@ def verify(
     except ValueError:
         raise SignatureError("malformed timestamp") from None
     now = time.time() if now is None else now
-    if abs(now - ts) > MAX_SKEW_SECONDS:
+    try:
+        skew = abs(now - ts)
+    except OverflowError:  # an integer too large for a float (over 308 digits)
+        raise SignatureError("timestamp outside the allowed window") from None
+    if skew > MAX_SKEW_SECONDS:
         raise SignatureError("timestamp outside the allowed window")
     if not signature.startswith("v1="):
         raise SignatureError("unknown signature scheme")
