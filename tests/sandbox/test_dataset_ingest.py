@@ -278,6 +278,10 @@ def test_concurrent_ingest_of_the_same_dataset_is_refused(site, steward, tmp_pat
         with pytest.raises(services.DatasetError, match="key rotation of site hospital-x"):
             services.dataset_ingest(by=steward, site=site, path=path, slug="e", title="E")
     finally:
+        # Released before closing: a closed connection's backend drops its session locks only
+        # when the server has processed the disconnect, which under load came after the ingest
+        # below had already asked for them (a CI failure: "another ingest ... is running").
+        other.execute("SELECT pg_advisory_unlock_all()")
         other.close()
     assert _objects(site) == [] and not DatasetVersion.objects.exists()
     dv = services.dataset_ingest(by=steward, site=site, path=path, slug="d", title="D")
