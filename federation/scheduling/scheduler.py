@@ -523,6 +523,18 @@ class _Request:
             return None
         return _first_run(self._ok(prof, steps), d, after)
 
+    def open_ended(self, prof: _Profile) -> int | None:
+        """The first step ``t`` past the last whole-run start (``t > steps − d``) from which
+        every step to the horizon's end fits, or ``None``: a start whose run would end beyond
+        the horizon, where the profile says nothing (and so nothing against it)."""
+        d, steps = self.d, prof.steps
+        lo = max(0, steps - d + 1)
+        ok = self._ok(prof, steps)[lo:]
+        if not len(ok) or not ok[-1]:
+            return None
+        bad = np.flatnonzero(~ok)
+        return lo + (int(bad[-1]) + 1 if len(bad) else 0)
+
     def _window_sums(self, cum: np.ndarray, weights: list[float], n: int) -> np.ndarray:
         """Per start step ``0 … n−1``: Σ over pools of weight × (``cum`` over the run) ×
         ``frac`` (``n ≤ steps − d + 1``)."""
@@ -848,6 +860,16 @@ def schedule(snapshot: Snapshot, config: Config | None = None) -> list[Decision]
                 decide(req, prio, Action.WAIT, reason, None, detail="no start within the horizon")
             )
             blocked.update(job.demands)
+            # The EASY head whose earliest start comes so late that its run would end past the
+            # horizon still holds that start to the horizon's end: without it, a later job
+            # planned there is overtaken by this one when its start comes (issue 15).
+            # (A run longer than the horizon is left out: it would hold the pools to the end
+            # of every pass and never start.)
+            holds = req.d <= prof.steps and (not head_reserved or not config.backfill)
+            tail = req.open_ended(prof) if holds else None
+            if tail is not None:
+                prof.take(req, tail, prof.steps)
+                head_reserved = True
             continue
         cost = req.cost_at(prof, t)
         left = budget_left.get(job.project)

@@ -5,7 +5,9 @@ faster, and recorded again when time-shifted jobs began to reserve their chosen 
 margin before their deadline (``recorded/scheduling_golden.json.gz``; ADR 0020: 3,156 of the
 8,700 bench decisions, 791 of 9,279 rich and 26 of 1,745 small changed then, none in the
 all-ASAP or first-come-first-served passes), and again when a time-shifted job stopped
-preempting for its own later hours (ADR 0035's amendment: 256 rich and 17 small); every pass must still give them, field for
+preempting for its own later hours (ADR 0035's amendment: 256 rich and 17 small), and when the
+EASY head began to hold a start whose run ends past the horizon (ADR 0020's amendment: 8 small);
+every pass must still give them, field for
 field: action, reason, priority, (estimated) start and end, cost, energy, emissions, lateness,
 detail, the pools chosen and the job a preemption is for. Floats are compared exactly (a faster
 pass must not change the arithmetic that picks a start).

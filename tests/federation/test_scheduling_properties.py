@@ -285,9 +285,27 @@ _KEPT_START = (
 )
 
 
+# Found by the search (shrunk): job 1 (ASAP, older) can first start on pool 1 at step 22, where
+# its run of 3 steps would end past the 24-step horizon, so it had no start in the horizon and
+# held nothing; job 2 (cheapest, due at 19,860 s) was planned at step 22 and overtaken there by
+# job 1 when the step came. The EASY head now holds its start to the horizon's end.
+_HEAD_PAST_HORIZON = (
+    [
+        Pool(pid, "a", Resources(1, 32.0), slots=1, price=[0.0] * 48, carbon=[0.0] * 48)
+        for pid in (1, 2, 3)
+    ],
+    [Running(100, "q", {1: Resources(0)}, -100.0, 18901.0)],
+    [
+        Job(1, "q", -3000.0, {1: Resources(0)}, 1801.0),
+        Job(2, "p", -2000.0, {1: Resources(0)}, 60.0, Policy.CHEAPEST, deadline_s=19860.0),
+    ],
+)
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(arrivals())
 @example(_KEPT_START)
+@example(_HEAD_PAST_HORIZON)
 def test_time_shifted_job_given_a_start_in_time_ends_by_its_deadline(world):
     # Passes at every step as the portal runs them (age alone orders the queue, so every job
     # arriving later ranks below job 2; no preemption): a job that the first pass gives a start
