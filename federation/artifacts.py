@@ -20,6 +20,7 @@ import json
 from django.conf import settings
 
 from federation import method
+from federation.disclosure import baseline_released, metric_shown, metrics_released, site_classes
 from federation.exporters import ExportError, ExportInput, export
 from federation.models import ReleaseStatus
 from frp_flwr import checkpoints
@@ -232,13 +233,24 @@ def model_card(job) -> dict:
         or {"plans": job.preprocessing},
         "preparation": _preparation_shown(job.preparation),
         "datasets": sites,
+        # Every project member reads the card: fractions over the held-out rows as released,
+        # pooled held-out rows as the sum of the sites' released counts (issue 9, ADR 0036).
         "metrics": {
-            "eval_accuracy": final.get("eval_accuracy"),
-            "eval_loss": final.get("eval_loss"),
+            "eval_accuracy": metric_shown(
+                "eval_accuracy", final.get("eval_accuracy"), rows=held_out, exact=False
+            ),
+            "eval_loss": metric_shown(
+                "eval_loss", final.get("eval_loss"), rows=held_out, exact=False
+            ),
             # pooled held-out rows: less a site's own, another site's exact rows (finding 5)
             "eval_examples": pooled_rows,
-            "pooled": _pooled_metrics_shown(final.get("metrics"), pooled_rows),
-            "baseline": final.get("baseline"),
+            "pooled": metrics_released(
+                _pooled_metrics_shown(final.get("metrics"), pooled_rows),
+                rows=held_out,
+                classes=site_classes(job_sites),
+                exact=False,
+            ),
+            "baseline": baseline_released(final.get("baseline"), rows=held_out, exact=False),
         },
         "epsilon": float(job.epsilon) if dp_on else None,
         "delta": method.delta(job) if dp_on else None,

@@ -16,8 +16,8 @@ RECENT_JOBS = 10
 def _recent_jobs(request) -> list:
     """The user's ``RECENT_JOBS`` newest jobs, read once per request (two panels show them)."""
     if not hasattr(request, "_federation_recent_jobs"):
-        request._federation_recent_jobs = list(
-            selectors.jobs_for_user(user=request.user)[:RECENT_JOBS]
+        request._federation_recent_jobs = selectors.accuracy_shown(
+            selectors.jobs_for_user(user=request.user)[:RECENT_JOBS], user=request.user
         )
     return request._federation_recent_jobs
 

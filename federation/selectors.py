@@ -10,6 +10,14 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce
 
 from federation import runtime, superlink
+from federation.disclosure import (
+    baseline_released,
+    class_counts,
+    contribution_released,
+    metric_shown,
+    metrics_released,
+    site_classes,
+)
 from federation.models import (
     FederatedJob,
     JobSite,
@@ -101,6 +109,29 @@ def jobs_for_user(*, user):
     )
 
 
+def accuracy_shown(jobs, *, user) -> list[FederatedJob]:
+    """``jobs`` (a page of :func:`jobs_for_user`) as a list, each job's ``accuracy`` as ``user``
+    may see it (``federation.disclosure``: exact for a steward of every site, else snapped to the
+    grid of the sites' released held-out rows; issue 9). One query for the page's job sites."""
+    jobs = list(jobs)
+    shown = [j for j in jobs if getattr(j, "accuracy", None) is not None]
+    if not shown:
+        return jobs
+    stewarded = stewarded_institution_ids(user=user)
+    by_job: dict[int, list[JobSite]] = {j.pk: [] for j in shown}
+    for js in (
+        JobSite.objects.filter(job__in=list(by_job))
+        .select_related("site")
+        .only("job_id", "final_metrics", "site__institution_id")
+    ):
+        by_job[js.job_id].append(js)
+    for j in shown:
+        sites = by_job[j.pk]
+        every = bool(sites) and all(js.site.institution_id in stewarded for js in sites)
+        j.accuracy = metric_shown("accuracy", j.accuracy, rows=site_held_out(sites), exact=every)
+    return jobs
+
+
 def job_detail(*, user, pk: int) -> FederatedJob:
     """One job the user may view, with sites and their datasets; ``DoesNotExist`` otherwise."""
     return (
@@ -158,15 +189,38 @@ def job_progress(*, job: FederatedJob, user=None) -> dict:
         s.lost_round = failed.round if failed else None
         if failed:
             lost.append({"site": s.site.slug, "round": failed.round, "error": failed.error})
-        last = s.last_round
-        s.train_rows = shown_count(last.train_examples if last else None, exact=exact[s.site.slug])
-        s.test_rows = shown_count(last.eval_examples if last else None, exact=exact[s.site.slug])
+        # Figures over the site's held-out rows, as the viewer may see them (issue 9): the
+        # instances are for display only and never saved.
+        for m in s.round_rows:
+            _round_shown(m, [m.eval_examples], exact=exact[s.site.slug])
+        final = s.final_metrics or {}
+        accuracy = final.get("eval_accuracy")
+        s.accuracy = metric_shown(
+            "accuracy",
+            accuracy if accuracy is not None else (last.eval_accuracy if last else None),
+            rows=[int(final.get("eval_examples") or (last.eval_examples if last else 0))],
+            exact=exact[s.site.slug],
+        )
+    every = bool(exact) and all(exact.values())
+    for r in rounds:
+        _round_shown(
+            r,
+            [
+                m.eval_examples
+                for ms in site_rounds.values()
+                for m in ms
+                if m.round == r.round and m.ok
+            ],
+            exact=every,
+        )
     percent = 100 if job.status == "completed" else int(100 * len(rounds) / max(job.num_rounds, 1))
     held_out = site_held_out(sites, last={s.pk: s.last_round for s in sites})
     return {
         "rounds": rounds,
         "sites": sites,
-        "final_metrics": _final_metrics_shown(job.final_metrics, exact, held_out),
+        "final_metrics": _final_metrics_shown(
+            job.final_metrics, exact, held_out, classes=site_classes(sites)
+        ),
         "percent": min(percent, 100),
         "lost": lost,
         "chart": {
@@ -176,6 +230,17 @@ def job_progress(*, job: FederatedJob, user=None) -> dict:
             "train_loss": [r.train_loss for r in rounds],
         },
     }
+
+
+def _round_shown(metric, rows: list[int], *, exact: bool) -> None:
+    """Sets a ``RoundMetric``'s or ``SiteRoundMetric``'s accuracy and losses (in memory, for
+    display; never saved) as a viewer who is not ``exact`` may see them
+    (``federation.disclosure``): the accuracy over ``rows``, the losses as measures."""
+    if exact:
+        return
+    for key in ("eval_accuracy", "eval_loss", "train_loss"):
+        value = getattr(metric, key)
+        setattr(metric, key, metric_shown(key, value, rows=rows, exact=False))
 
 
 def site_held_out(sites, *, last: dict | None = None) -> list[int]:
@@ -225,26 +290,40 @@ def metrics_shown(metrics, *, exact: bool, examples) -> dict | None:
     return out
 
 
-def _final_metrics_shown(final: dict, exact: dict[str, bool], held_out: list[int]) -> dict:
+def _final_metrics_shown(
+    final: dict, exact: dict[str, bool], held_out: list[int], *, classes=()
+) -> dict:
     """``job.final_metrics`` without the model, its row counts under :func:`shown_count`: the
     total held-out rows (and the pooled metrics' examples and confusion cells) exact only for a
     steward of every site, else from the sites' released counts (:func:`pooled_shown`), each
     site's in the contribution only for its own stewards. The fitted ``preprocessing`` only for
     a steward of every site: its one-hot and missing-indicator statistics are shares of the
     pooled training rows, exact in jobs fitted before issue 9, finding 5 (ADR 0036); everyone
-    else gets it in the model file once the airlock has released it."""
+    else gets it in the model file once the airlock has released it. The metrics, the baseline
+    and the coalition utilities are fractions over the held-out rows: exact for a steward of
+    every site, else as ``federation.disclosure`` releases them (issue 9)."""
     out = {k: v for k, v in final.items() if k != "model"}
     every = bool(exact) and all(exact.values())
     if not every:
         out.pop("preprocessing", None)
+        for key in ("eval_accuracy", "eval_loss"):
+            if key in out:
+                out[key] = metric_shown(key, out[key], rows=held_out, exact=False)
+        if "baseline" in out:
+            out["baseline"] = baseline_released(out["baseline"], rows=held_out, exact=False)
     if "eval_examples" in out:
         out["eval_examples"] = pooled_shown(out["eval_examples"], held_out, exact=every)
     if isinstance(out.get("metrics"), dict):
         examples = out["metrics"].get("examples")
-        out["metrics"] = metrics_shown(
-            out["metrics"], exact=every, examples=pooled_shown(examples, held_out, exact=every)
+        out["metrics"] = metrics_released(
+            metrics_shown(
+                out["metrics"], exact=every, examples=pooled_shown(examples, held_out, exact=every)
+            ),
+            rows=held_out,
+            classes=classes,
+            exact=every,
         )
-    contribution = out.get("contribution")
+    contribution = contribution_released(out.get("contribution"), site_rows=held_out, exact=every)
     if isinstance(contribution, dict):
         contribution = dict(contribution)
         contribution["examples"] = {
@@ -287,6 +366,14 @@ def releases_for_steward(*, user):
     out = []
     for release in releases:
         decided = {d.site_id for d in release.decisions.all()}
+        job_sites = list(release.job.sites.all())
+        # Shown as a steward of these sites only may see it (issue 9; federation.disclosure).
+        release.accuracy = metric_shown(
+            "accuracy",
+            (release.job.final_metrics or {}).get("eval_accuracy"),
+            rows=site_held_out(job_sites),
+            exact=bool(job_sites) and all(js.site_id in my_sites for js in job_sites),
+        )
         release.sites_to_decide = [
             js.site
             for js in release.job.sites.all()
@@ -482,7 +569,27 @@ def job_results(*, job: FederatedJob, user=None) -> dict:
     pooled = final.get("metrics") or {}
     classes = final.get("classes") or []
     sites = list(job.sites.select_related("site").order_by("site__slug"))
-    site_metrics = [(js.site.slug, (js.final_metrics or {}).get("metrics") or {}) for js in sites]
+    exact_sites = {js.site.slug for js in sites if js.site.institution_id in stewarded}
+    every = bool(sites) and len(exact_sites) == len(sites)
+    held_out = site_held_out(sites)
+    # Fractions over the held-out rows as the viewer may see them (federation.disclosure): the
+    # pooled ones exact for a steward of every site, a site's for its own stewards (issue 9).
+    pooled = metrics_released(pooled, rows=held_out, classes=site_classes(sites), exact=every)
+    site_metrics = []
+    for js in sites:
+        final_site = js.final_metrics or {}
+        m = final_site.get("metrics") or {}
+        site_metrics.append(
+            (
+                js.site.slug,
+                metrics_released(
+                    m,
+                    rows=[int(final_site.get("eval_examples") or m.get("examples") or 0)],
+                    classes=[class_counts(m.get("confusion"))],
+                    exact=js.site.slug in exact_sites,
+                ),
+            )
+        )
     rows = _REGRESSION_ROWS if job.task == "regression" else _CLASSIFICATION_ROWS
     metrics = [
         {
@@ -495,7 +602,6 @@ def job_results(*, job: FederatedJob, user=None) -> dict:
         for key, label in rows
         if pooled.get(key) is not None or any(m.get(key) is not None for _, m in site_metrics)
     ]
-    exact_sites = {js.site.slug for js in sites if js.site.institution_id in stewarded}
     preparation = None
     prep = job.preparation or {}
     if prep:
@@ -525,7 +631,7 @@ def job_results(*, job: FederatedJob, user=None) -> dict:
             ],
         }
     main = "rmse" if job.task == "regression" else "accuracy"
-    baseline = final.get("baseline")
+    baseline = baseline_released(final.get("baseline"), rows=held_out, exact=every)
     return {
         "task": job.task,
         "metrics": metrics,
@@ -534,7 +640,7 @@ def job_results(*, job: FederatedJob, user=None) -> dict:
             "pooled": _confusion_display(
                 pooled.get("confusion") or [],
                 classes,
-                exact=bool(sites) and len(exact_sites) == len(sites),
+                exact=every,
             ),
             "sites": [
                 (

@@ -412,6 +412,48 @@ def released_total(counts: Iterable[int]) -> int | str:
     return f"{total} + {bound}" if total else bound
 
 
+def released_floor(n: int) -> int:
+    """The smallest count that shows as ``safe_count(n)`` does: ``0`` for 0, ``1`` for 1–7
+    (``"≤7"``), else the released figure less 2 (the rule rounds to the nearest 5, halves up:
+    ``"≈115"`` is any of 113–117). A function of the released count alone."""
+    shown = safe_count(int(n))
+    if shown == SUPPRESSED:
+        return 1
+    return max(int(shown) - ROUNDING_BASE // 2, 0)
+
+
+def released_fraction(value: float | None, counts: int | Iterable[int]) -> float | None:
+    """A fraction over a count of rows (an accuracy over a site's held-out rows, a majority-class
+    rate; ``counts`` a list for one pooled over sites: the sum of theirs) as those who see the
+    counts only released may see it: ``value`` snapped to the nearest multiple of ``1 / L``,
+    ``L`` the sum of the counts' :func:`released_floor`. ``None`` when ``value`` is ``None`` or
+    not finite, or ``L`` is at most ``SMALL_COUNT`` (the counts show as "≤7" or 0: a fraction
+    over them would say which).
+
+    Why it tells nothing the released counts do not (issue 9; ADR 0036, amendment): a fraction
+    ``k / n`` at full precision gives ``n`` back (the continued-fraction expansion of
+    0.982456… = 112/114 gives 114 where the page shows "≈115"). Every total ``n'`` the released
+    counts allow is at least ``L``, so the fractions ``k' / n'`` lie at most ``1 / L`` apart and
+    one of them rounds to the shown value: the shown value holds for every count the released
+    ones allow, and its own expansion gives ``L``, a function of the released counts. The value
+    moves by at most ``1 / (2L)`` — half a held-out row or less."""
+    if value is None or not math.isfinite(value):
+        return None
+    total = sum(released_floor(n) for n in ([counts] if isinstance(counts, int) else counts))
+    if total <= SMALL_COUNT:
+        return None
+    return round(float(value) * total) / total
+
+
+def released_measure(value: float | None) -> float | None:
+    """A mean of measured values (a loss, an RMSE, R²) as everyone may see it: 3 significant
+    figures, as the profile gives a numeric column's mean and std. ``None`` for ``None`` or a
+    value that is not finite."""
+    if value is None or not math.isfinite(value):
+        return None
+    return _sig3(float(value))
+
+
 def _sig3(x: float) -> float:
     return float(f"{x:.3g}")
 

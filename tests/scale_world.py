@@ -207,6 +207,7 @@ def build(
                         dataset_version=latest[ds.pk],
                         status="completed",
                         rounds_completed=rounds,
+                        final_metrics={"eval_examples": 200, "eval_accuracy": 0.8},
                     )
                 )
         job_sites = JobSite.objects.bulk_create(job_sites, batch_size=BATCH)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from accounting.models import ContributionMethod, ContributionScore, UsageRecord
 from accounting.runs import runs_of
+from federation.disclosure import contribution_released, small_site
 from federation.models import FederatedJob, SiteRoundMetric
 from portal.permissions import can
 from sandbox.profile import released_count
@@ -85,6 +86,9 @@ VOLUME_REASONS = {
     "each site's trees were grown on the residuals of a global model every site's earlier trees "
     "shaped, so a coalition's model cannot be rebuilt from the logged updates, and retraining "
     "without each site (leave-one-out) would cost a full run per site (ADR 0023)",
+    "small_site": "a site evaluated on 1–7 held-out rows: a coalition's utility, the median of "
+    "the sites' accuracies, may be that site's, which would say how many rows it holds (they "
+    "show as ≤7), so no coalition utility can be released (issue 9)",
 }
 
 
@@ -94,6 +98,8 @@ def volume_basis(job: FederatedJob) -> str:
         return "secure_aggregation"
     if job.model == "xgboost":
         return "tree_bagging"
+    if small_site(job.final_metrics.get("contribution")):
+        return "small_site"
     return ""
 
 
@@ -177,7 +183,9 @@ def job_contribution(*, user, job: FederatedJob) -> JobContribution:
         if s.round and s.method == ContributionMethod.EXACT:
             rounds.setdefault(s.round, {})[s.site.slug] = s.share
     posted = job.final_metrics.get("contribution") or {}
-    run_table = (posted.get("utilities") or {}).get("0") or {}
+    # The utilities as released (federation.disclosure): the scores are computed from them.
+    released = contribution_released(posted, exact=False) or {}
+    released_table = (released.get("utilities") or {}).get("0") or {}
     players = posted.get("players") or []
     totals = {
         k: sum(getattr(u, k) for u in usage)
@@ -202,8 +210,8 @@ def job_contribution(*, user, job: FederatedJob) -> JobContribution:
         runs=runs_of(job),
         usage_totals=totals,
         flower=job.final_metrics.get("flower") or {},
-        v_empty=run_table.get(""),
-        v_full=run_table.get(",".join(str(i) for i in range(len(players)))),
+        v_empty=released_table.get(""),
+        v_full=released_table.get(",".join(str(i) for i in range(len(players)))),
         hidden=bool(volume_basis(job)),
         volume_basis=volume_basis(job),
         volume_reason=VOLUME_REASONS.get(volume_basis(job), ""),

@@ -20,6 +20,7 @@ from django.db import transaction
 from accounting.contribution import exact_shapley, gtg_shapley, leave_one_out, normalise
 from accounting.models import ContributionMethod, ContributionScore
 from accounting.selectors.contribution import released_volume, volume_basis, volume_rounds
+from federation.disclosure import contribution_released
 from federation.models import FederatedJob
 from frp_flwr.coalitions import EXACT_MAX_SITES, coalition_key
 from portal.ledger.leaves import commitment
@@ -77,7 +78,11 @@ def _scores(job: FederatedJob) -> list[Scores]:
         return []
     players = list(posted["players"])
     n = len(players)
-    tables = posted.get("utilities") or {}
+    # Scored from the utilities as released (federation.disclosure.site_fraction): a utility is
+    # a fraction over a site's held-out rows, and Shapley values of exact ones, in the ledger
+    # every institution reads, would give the counts back (issue 9). At most half a held-out
+    # row of the smallest site moves. (A site of 1–7 rows: data volume, ``volume_basis``.)
+    tables = contribution_released(posted, exact=False).get("utilities") or {}
     run = table_utility(tables.get(str(WHOLE_RUN), {}))
     out = []
     if n <= EXACT_MAX_SITES:

@@ -63,7 +63,10 @@ def test_job_list_shows_counts_and_accuracy_of_each_job(client_factory):
     ]
     assert page.count('<td class="num">3</td>') == 3  # three sites each
     assert page.count("3 / 3") == 3  # three rounds reported of three
-    assert page.count("0.810") == 3  # final_metrics["eval_accuracy"], without loading the model
+    # final_metrics["eval_accuracy"] (0.81), without loading the model, as the researcher (no
+    # steward) may see it: over 3 × 200 held-out rows released as "≈200", the grid of 3 × 198
+    # rows gives 481/594 = 0.80976 (federation.disclosure, issue 9)
+    assert page.count("0.810") == 3
 
 
 @pytest.fixture
