@@ -75,7 +75,7 @@ step "Starting the Celery worker ($broker) and the portal on 127.0.0.1:${PORT}"
 .venv/bin/celery -A portal worker -B --concurrency 1 --loglevel INFO \
   --schedule "$VAR/celerybeat-schedule" >"$VAR/logs/worker.log" 2>&1 &
 PIDS+=($!)
-$PY manage.py runserver "127.0.0.1:${PORT}" --noreload >"$VAR/logs/web.log" 2>&1 &
+$PY manage.py serve --bind "127.0.0.1:${PORT}" >"$VAR/logs/web.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 1 100); do
   $PY - <<PYEOF 2>/dev/null && break

@@ -166,8 +166,26 @@ class AuditEventAdmin(LargeTableMixin, admin.ModelAdmin):
         return False
 
 
-class PortalUserChangeForm(UserChangeForm):
-    """The admin's user form: e-mail addresses are unique regardless of case."""
+class _UsernameWithoutCase:
+    """Usernames are unique regardless of case, as allauth's sign-up and sign-in compare them:
+    two accounts "ada" and "Ada" made sign-in by username ambiguous (issue 9, hostile re-test C;
+    Django's change form checks with case, its creation form without)."""
+
+    def clean_username(self):
+        username = self.cleaned_data.get("username")
+        if username:
+            others = get_user_model().objects.filter(username__iexact=username)
+            if self.instance.pk:
+                others = others.exclude(pk=self.instance.pk)
+            if others.exists():
+                raise forms.ValidationError(
+                    "Another account already uses this username (compared without case)."
+                )
+        return username
+
+
+class PortalUserChangeForm(_UsernameWithoutCase, UserChangeForm):
+    """The admin's user form: usernames and e-mail addresses are unique regardless of case."""
 
     def clean_email(self):
         email = (self.cleaned_data.get("email") or "").strip()
@@ -188,7 +206,7 @@ admin.site.unregister(User)
 
 @admin.register(User)
 class PortalUserAdmin(UserAdmin):
-    form = PortalUserChangeForm
+    form = PortalUserChangeForm  # (Django's creation form already compares without case)
 
 
 # allauth's SocialApp rows are kept in step by the institution's Single sign-on page; their

@@ -1,13 +1,17 @@
-"""Middleware of the portal core: TOTP required for an institution's admins and data stewards,
-the signed-in user's memberships read once per request, and allauth's user-session activity
-tracking at most once a minute per session (ADR 0017)."""
+"""Middleware of the portal core: request bodies declared larger than the portal accepts refused
+before anything reads them, TOTP required for an institution's admins and data stewards, the
+signed-in user's memberships read once per request, and allauth's user-session activity tracking
+at most once a minute per session (ADR 0017)."""
 
 from __future__ import annotations
 
 import hashlib
 import time
 
+from django.conf import settings
+from django.http import HttpResponse
 from django.shortcuts import redirect
+from django.template.defaultfilters import filesizeformat
 from django.urls import reverse
 
 from portal.models import Membership, Role
@@ -18,6 +22,50 @@ _EXEMPT_PREFIXES = ("/accounts/", "/static/", "/jobs/callback/")
 #: its client (IP address and user agent) stays the same; a changed client is written at once.
 SESSION_ACTIVITY_SECONDS = 60
 _SEEN_KEY = "_frp_session_seen"
+
+
+def own_body_limit(view):
+    """Marks a view that bounds its own request body (a dataset upload: it streams the file and
+    refuses one larger than ``FRP_MAX_UPLOAD_BYTES`` with its form and a message), so that
+    :class:`BodyLimitMiddleware` leaves it the request. Returns ``view``."""
+    view.own_body_limit = True
+    return view
+
+
+class BodyLimitMiddleware:
+    """Refuses (413, a sentence naming the limit) a request whose declared body
+    (``Content-Length``) is larger than ``settings.FRP_MAX_UPLOAD_BYTES``, before any middleware
+    or view reads a byte of it, unless its view is marked :func:`own_body_limit`.
+
+    Why: Django parses a multipart body of any size into temporary files when a view (or the
+    CSRF check) first reads ``request.POST``, so an anonymous 1.5 GB POST to the sign-in page
+    filled the disk, and the development server then read what was left of it into memory
+    (issue 9, hostile re-test A). A body sent without a length is bounded by Django's own
+    limits (``DATA_UPLOAD_MAX_MEMORY_SIZE``, the upload's streaming check)."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        return self.get_response(request)
+
+    def process_view(self, request, view_func, view_args, view_kwargs):
+        if getattr(view_func, "own_body_limit", False):
+            return None
+        try:
+            declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            declared = 0
+        limit = settings.FRP_MAX_UPLOAD_BYTES
+        if declared <= limit:
+            return None
+        response = HttpResponse(
+            f"The request body ({filesizeformat(declared)}) is larger than the portal accepts "
+            f"({filesizeformat(limit)}, FRP_MAX_UPLOAD_BYTES); nothing was read or stored.\n",
+            status=413,
+            content_type="text/plain; charset=utf-8",
+        )
+        return response
 
 
 def request_memberships(request) -> list[Membership]:

@@ -15,6 +15,7 @@ from portal.models import (
     Project,
     ProjectMember,
     ProjectRole,
+    Role,
 )
 from portal.secretbox import seal
 
@@ -324,8 +325,13 @@ def member_deactivate(*, by, user, institution: Institution):
     """Deactivate ``user`` (a member of ``institution``) and end all of their sessions.
 
     A user who also holds roles at another institution can only be deactivated by a platform
-    admin; an institution admin removes their roles here instead. Raises ``MemberError``.
+    admin; an institution admin removes their roles here instead; the institution's last admin
+    is not deactivated (:func:`_admin_kept`). Raises ``MemberError``.
     """
+    if Membership.objects.filter(
+        user=user, institution=institution, role=Role.INSTITUTION_ADMIN
+    ).exists():
+        _admin_kept(by=by, user=user, institution=institution)
     elsewhere = Membership.objects.filter(user=user).exclude(institution=institution).exists()
     if elsewhere and not getattr(by, "is_staff", False):
         raise MemberError(
@@ -345,12 +351,40 @@ def member_deactivate(*, by, user, institution: Institution):
     return user
 
 
+def _admin_kept(*, by, user, institution: Institution) -> None:
+    """Raises ``MemberError`` when taking the admin role (or the account) from ``user`` would
+    leave ``institution`` without an admin, or when an institution admin would take it from
+    themselves: another admin, or a platform admin, does that (hostile re-test C: an admin who
+    removed their own role locked the institution out of its own pages)."""
+    if getattr(by, "is_staff", False):
+        return
+    if by == user:
+        raise MemberError(
+            "you cannot remove your own admin role; another admin of the institution (or a "
+            "platform admin) can"
+        )
+    others = (
+        Membership.objects.filter(institution=institution, role=Role.INSTITUTION_ADMIN)
+        .exclude(user=user)
+        .filter(user__is_active=True)
+    )
+    if not others.exists():
+        raise MemberError("the institution would have no admin left; make someone else admin first")
+
+
 @transaction.atomic
 def member_roles_set(*, by, user, institution: Institution, roles: list[str]) -> set[str]:
-    """Make ``user``'s roles at ``institution`` exactly ``roles``; returns the roles now held."""
+    """Make ``user``'s roles at ``institution`` exactly ``roles``; returns the roles now held.
+
+    Raises ``MemberError`` (nothing changes) when it would take the admin role from ``by``
+    themselves or from the institution's last admin (:func:`_admin_kept`)."""
     current = set(
-        Membership.objects.filter(user=user, institution=institution).values_list("role", flat=True)
+        Membership.objects.select_for_update()
+        .filter(user=user, institution=institution)
+        .values_list("role", flat=True)
     )
+    if Role.INSTITUTION_ADMIN in current and Role.INSTITUTION_ADMIN not in set(roles):
+        _admin_kept(by=by, user=user, institution=institution)
     for role in set(roles) - current:
         membership_grant(by=by, user=user, institution=institution, role=role)
     for role in current - set(roles):

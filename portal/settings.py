@@ -64,6 +64,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "portal.middleware.BodyLimitMiddleware",  # before anything reads a body (its process_view)
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -168,15 +169,13 @@ if not DEBUG and not FRP_FIELD_KEYS and "FRP_FIELD_KEY_FILE" not in os.environ:
 
 # Mail carries secrets (confirmation and password-reset links): never to a log. With EMAIL_URL
 # (smtp://user:password@host:587?tls=True; compose: its mail catcher) over SMTP; otherwise the
-# embedded default writes each message as a file into FRP_VAR_DIR/mail (0700).
+# embedded default writes each message as a file (0600) into FRP_VAR_DIR/mail (0700).
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="portal@localhost")
 SERVER_EMAIL = DEFAULT_FROM_EMAIL
 if env.str("EMAIL_URL", default=""):
     globals().update(env.email_url("EMAIL_URL"))
 else:
-    EMAIL_BACKEND = env.str(
-        "EMAIL_BACKEND", default="django.core.mail.backends.filebased.EmailBackend"
-    )
+    EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="portal.mailfiles.PrivateFileEmailBackend")
     EMAIL_FILE_PATH = private_dir(VAR_DIR / "mail")
 if EMAIL_BACKEND == "django.core.mail.backends.console.EmailBackend" and not DEBUG:
     raise ImproperlyConfigured(

@@ -15,6 +15,7 @@ from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_POST
 
+from portal.middleware import own_body_limit
 from portal.models import Role
 from portal.permissions import can
 from sandbox import selectors, services
@@ -108,6 +109,7 @@ def _upload_limit_message() -> str:
 
 @login_required
 @csrf_exempt  # the CSRF check runs in _dataset_upload, after the upload handler is chosen
+@own_body_limit  # refuses a body larger than FRP_MAX_UPLOAD_BYTES itself, with its form
 def dataset_upload(request):
     """A data steward uploads a CSV as a new dataset or a new version (site beside the portal).
 

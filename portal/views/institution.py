@@ -53,10 +53,17 @@ def member_roles(request, slug: str, user_id: int):
     user = get_object_or_404(get_user_model(), pk=user_id)
     form = MemberRolesForm(request.POST)
     if form.is_valid():
-        services.member_roles_set(
-            by=request.user, user=user, institution=institution, roles=form.cleaned_data["roles"]
-        )
-        messages.success(request, f"Roles of {user.get_full_name() or user.username} saved.")
+        try:
+            services.member_roles_set(
+                by=request.user,
+                user=user,
+                institution=institution,
+                roles=form.cleaned_data["roles"],
+            )
+        except services.MemberError as exc:
+            messages.error(request, f"Roles not changed: {exc}.")
+        else:
+            messages.success(request, f"Roles of {user.get_full_name() or user.username} saved.")
     return redirect("portal:institution_members", slug=slug)
 
 

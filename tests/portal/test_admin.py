@@ -144,3 +144,29 @@ def test_retry_action_on_deferred_steps_queues_the_jobs_accounting(
     failed.refresh_from_db()
     assert failed.status == StepStatus.PENDING
     assert len(callbacks) == 1
+
+
+def test_a_username_another_account_holds_in_another_case_is_a_form_error(client, platform_admin):
+    """Hostile re-test C: "ada" and "Ada" made sign-in by username (case-insensitive) ambiguous."""
+    UserFactory(username="ada")
+    other = UserFactory(username="grace")
+
+    response = client.post(
+        f"/admin/auth/user/{other.pk}/change/", {**_change_form(other), "username": "Ada"}
+    )
+
+    assert response.status_code == 200
+    assert "Another account already uses this username" in response.content.decode()
+    assert get_user_model().objects.get(pk=other.pk).username == "grace"
+
+
+def test_a_new_user_whose_username_differs_only_in_case_is_a_form_error(client, platform_admin):
+    UserFactory(username="ada")
+
+    response = client.post(
+        "/admin/auth/user/add/",
+        {"username": "ADA", "usable_password": "false", "password1": "", "password2": ""},
+    )
+
+    assert response.status_code == 200
+    assert get_user_model().objects.filter(username__iexact="ada").count() == 1

@@ -54,7 +54,9 @@ def test_embedded_default_writes_mail_to_a_private_folder_never_to_the_log(tmp_p
     link = "https://portal.example/accounts/password/reset/key/1-SECRET-RESET-TOKEN/"
     out = _run(
         tmp_path,
-        "import django; django.setup(); from django.core.mail import send_mail; "
+        # under the usual umask 022, with which Django's file backend wrote messages 0644
+        "import os; os.umask(0o022); import django; django.setup(); "
+        "from django.core.mail import send_mail; "
         f"send_mail('Password reset', 'Reset it here: {link}', None, ['ada@example.org'])",
     )
 
@@ -64,6 +66,7 @@ def test_embedded_default_writes_mail_to_a_private_folder_never_to_the_log(tmp_p
     (message,) = list(mail_dir.iterdir())
     assert link in message.read_text()
     assert _mode(mail_dir) == 0o700 and _mode(tmp_path / "var") == 0o700
+    assert _mode(message) == 0o600  # hostile re-test C: the message itself, too
 
 
 def test_production_refuses_the_console_mail_backend(tmp_path):

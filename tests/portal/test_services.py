@@ -239,3 +239,41 @@ def test_dashboard_shows_pending_invitation(client):
     client.force_login(guest)
     page = client.get("/").content.decode()
     assert project.title in page and f"/invitations/{inv.token}/" in page
+
+
+def test_an_institution_admin_cannot_remove_their_own_admin_role(client):
+    """Hostile re-test C: an admin who removed their own role locked the institution out of its
+    own pages. Through the members page: the role stays, and the page says why."""
+    inst, admin, other = InstitutionFactory(), UserFactory(), UserFactory()
+    for user in (admin, other):
+        Membership.objects.create(user=user, institution=inst, role=Role.INSTITUTION_ADMIN)
+    client.force_login(admin)
+
+    response = client.post(
+        f"/institutions/{inst.slug}/members/{admin.pk}/roles/",
+        {"roles": [Role.RESEARCHER]},
+        follow=True,
+    )
+
+    assert "you cannot remove your own admin role" in response.content.decode()
+    assert Membership.objects.filter(user=admin, role=Role.INSTITUTION_ADMIN).exists()
+    assert not Membership.objects.filter(user=admin, role=Role.RESEARCHER).exists()
+    # Another admin may.
+    services.member_roles_set(by=other, user=admin, institution=inst, roles=[Role.RESEARCHER])
+    assert not Membership.objects.filter(user=admin, role=Role.INSTITUTION_ADMIN).exists()
+
+
+def test_the_last_admin_keeps_the_role_and_the_account_unless_a_platform_admin_acts():
+    inst, admin, steward = InstitutionFactory(), UserFactory(), UserFactory()
+    Membership.objects.create(user=admin, institution=inst, role=Role.INSTITUTION_ADMIN)
+    Membership.objects.create(user=steward, institution=inst, role=Role.DATA_STEWARD)
+
+    with pytest.raises(services.MemberError, match="no admin left"):
+        services.member_roles_set(by=steward, user=admin, institution=inst, roles=[])
+    with pytest.raises(services.MemberError, match="no admin left"):
+        services.member_deactivate(by=steward, user=admin, institution=inst)
+    admin.refresh_from_db()
+    assert admin.is_active and Membership.objects.filter(user=admin).count() == 1
+
+    services.member_roles_set(by=UserFactory(is_staff=True), user=admin, institution=inst, roles=[])
+    assert not Membership.objects.filter(user=admin).exists()

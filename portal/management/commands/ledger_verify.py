@@ -23,6 +23,13 @@ class Command(BaseCommand):
     def handle(self, *args, chunk: int, **options):
         report = ledger_verify(chunk=chunk)
         self.stderr.write(f"Not checked: {report.limits}")
+        if report.missing_guards:
+            raise CommandError(
+                "ledger verification FAILED: the database no longer refuses changes to the "
+                "ledger; these append-only triggers are missing or disabled: "
+                + ", ".join(report.missing_guards)
+                + " (run manage.py migrate to recreate them, and find out who removed them)"
+            )
         if not report.ok:
             for problem in report.problems:
                 self.stderr.write(f"  {problem}")

@@ -54,3 +54,35 @@ def raw_sql(sql: str, params=()) -> None:
     """Run SQL behind the ORM's back, with the append-only triggers disabled."""
     with append_only_trigger_disabled(), connection.cursor() as cursor:
         cursor.execute(sql, params)
+
+
+def sqlite_ledger(tmp_path, leaves: int):
+    """A real ``migrate`` on a fresh SQLite file, ``leaves`` appended through the service (its
+    one-statement batches and single appends) with checkpoints; returns a ``sqlite3`` connection."""
+    import os
+    import sqlite3
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    db = tmp_path / "portal.sqlite3"
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{db}",
+        "DJANGO_SETTINGS_MODULE": "portal.settings",
+        "FRP_VAR_DIR": str(tmp_path / "var"),
+        "FRP_LEDGER_SIGNER_KEY": "",
+        "FRP_LEDGER_KEY_FILE": str(tmp_path / "signer.key"),
+    }
+    manage = Path(__file__).parents[3] / "manage.py"
+    subprocess.run(
+        [sys.executable, str(manage), "migrate", "--noinput", "-v0"], env=env, check=True
+    )
+    code = (
+        "from portal.ledger.services import ledger_append, ledger_append_many, "
+        "ledger_checkpoint_create as c\n"
+        f"ledger_append_many(entries=[('usage', {{'job': i}}) for i in range({leaves - 1})]); c()\n"
+        f"ledger_append(kind='usage', record={{'job': {leaves - 1}}}); c()\n"
+    )
+    subprocess.run([sys.executable, str(manage), "shell", "-c", code], env=env, check=True)
+    return sqlite3.connect(db)

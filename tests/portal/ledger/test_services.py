@@ -30,7 +30,7 @@ from portal.ledger.signer import ledger_signer, ledger_verifier, ledger_verifier
 from portal.models import AuditEvent, Role
 from portal.tasks import ledger_checkpoint_create_task
 from tests.factories import InstitutionFactory, MembershipFactory, UserFactory
-from tests.portal.ledger.support import isolated_ledger_key, raw_sql
+from tests.portal.ledger.support import isolated_ledger_key, raw_sql, sqlite_ledger
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("ledger_key")]
 
@@ -217,38 +217,6 @@ def test_postgresql_refuses_truncate_and_checkpoint_changes(sql):
     assert LedgerCheckpoint.objects.count() == 1
 
 
-def _sqlite_ledger(tmp_path, leaves: int):
-    """A real ``migrate`` on a fresh SQLite file, ``leaves`` appended through the service (its
-    one-statement batches and single appends) with checkpoints; returns a ``sqlite3`` connection."""
-    import os
-    import sqlite3
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    db = tmp_path / "portal.sqlite3"
-    env = {
-        **os.environ,
-        "DATABASE_URL": f"sqlite:///{db}",
-        "DJANGO_SETTINGS_MODULE": "portal.settings",
-        "FRP_VAR_DIR": str(tmp_path / "var"),
-        "FRP_LEDGER_SIGNER_KEY": "",
-        "FRP_LEDGER_KEY_FILE": str(tmp_path / "signer.key"),
-    }
-    manage = Path(__file__).parents[3] / "manage.py"
-    subprocess.run(
-        [sys.executable, str(manage), "migrate", "--noinput", "-v0"], env=env, check=True
-    )
-    code = (
-        "from portal.ledger.services import ledger_append, ledger_append_many, "
-        "ledger_checkpoint_create as c\n"
-        f"ledger_append_many(entries=[('usage', {{'job': i}}) for i in range({leaves - 1})]); c()\n"
-        f"ledger_append(kind='usage', record={{'job': {leaves - 1}}}); c()\n"
-    )
-    subprocess.run([sys.executable, str(manage), "shell", "-c", code], env=env, check=True)
-    return sqlite3.connect(db)
-
-
 @pytest.mark.slow
 def test_sqlite_refuses_insert_or_replace_of_leaves_and_checkpoints(tmp_path):
     """Hostile re-test, variant 10a: REPLACE deletes the clashing rows without firing the DELETE
@@ -256,7 +224,7 @@ def test_sqlite_refuses_insert_or_replace_of_leaves_and_checkpoints(tmp_path):
     shortened the ledger from its end; checkpoints could be deleted and replaced freely."""
     import sqlite3
 
-    con = _sqlite_ledger(tmp_path, leaves=6)
+    con = sqlite_ledger(tmp_path, leaves=6)
     rows = con.execute(
         'SELECT id, "index", kind, data, leaf_hash, created_at FROM portal_ledgerentry '
         'ORDER BY "index"'

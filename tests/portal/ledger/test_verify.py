@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from io import StringIO
 
 import pytest
@@ -20,7 +21,12 @@ from portal.ledger.services import (
 )
 from portal.models import Role
 from tests.factories import MembershipFactory
-from tests.portal.ledger.support import isolated_ledger_key, raw_sql
+from tests.portal.ledger.support import (
+    append_only_trigger_disabled,
+    isolated_ledger_key,
+    raw_sql,
+    sqlite_ledger,
+)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("ledger_key")]
 
@@ -181,3 +187,45 @@ def test_ledger_verify_exits_non_zero_from_the_command_line(monkeypatch):
 
     assert caught.value.code == 1
     assert "FAILED at index 2" in err.getvalue()
+
+
+def test_ledger_verify_fails_while_an_append_only_trigger_is_disabled():
+    # Hostile re-test C: whoever can drop or disable the triggers can then rewrite leaves; the
+    # signed checkpoints catch a rewrite below them, but the guard's absence itself went unsaid.
+    _ledger(4, checkpoints=(4,))
+    assert "ledger OK" in _verify()
+    with append_only_trigger_disabled():
+        message = _failure()
+    assert message.startswith("ledger verification FAILED: the database no longer refuses")
+    assert "portal_ledgerentry_append_only" in message
+    assert "portal_ledgercheckpoint_no_truncate" in message
+    assert "ledger OK" in _verify()  # enabled again
+
+
+@pytest.mark.slow
+def test_ledger_verify_on_sqlite_fails_when_a_trigger_is_dropped(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    con = sqlite_ledger(tmp_path, leaves=3)
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'portal.sqlite3'}",
+        "DJANGO_SETTINGS_MODULE": "portal.settings",
+        "FRP_VAR_DIR": str(tmp_path / "var"),
+        "FRP_LEDGER_SIGNER_KEY": "",
+        "FRP_LEDGER_KEY_FILE": str(tmp_path / "signer.key"),
+    }
+    manage = [sys.executable, str(Path(__file__).parents[3] / "manage.py"), "ledger_verify"]
+    ok = subprocess.run(manage, env=env, capture_output=True, text=True, check=False)
+    assert ok.returncode == 0, ok.stderr
+    con.execute("DROP TRIGGER portal_ledgerentry_no_update")
+    con.commit()
+
+    failed = subprocess.run(manage, env=env, capture_output=True, text=True, check=False)
+
+    assert failed.returncode == 1
+    assert "append-only triggers are missing or disabled: portal_ledgerentry_no_update" in (
+        failed.stderr
+    )
