@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from portal.logredact import redact
+from tests.processes import stop
 
 pytestmark = pytest.mark.slow
 
@@ -99,15 +100,6 @@ def _get_each(port: int, process: subprocess.Popen) -> None:
             urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=120)
 
 
-def _stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=30)
-
-
 def _assert_no_secret(log: str) -> None:
     assert "/accounts/password/reset/key/[redacted]/" in log, log[-2000:]  # the line is there
     assert "/invitations/[redacted]/" in log
@@ -131,7 +123,7 @@ def test_runserver_access_log_holds_no_reset_key_token_or_code(sqlite_env):
         try:
             _get_each(port, process)
         finally:
-            _stop(process)
+            stop(process)
 
     _assert_no_secret(log_path.read_text())
 
@@ -164,7 +156,7 @@ def test_gunicorn_access_log_holds_no_reset_key_token_or_code(sqlite_env):
     try:
         _get_each(port, process)
     finally:
-        _stop(process)
+        stop(process)
 
     _assert_no_secret(log_path.read_text())
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import stop
+
 ROOT = Path(__file__).resolve().parents[2]
 DECLARED = 1_500_000_000
 
@@ -76,12 +78,7 @@ def server(tmp_path_factory):
         # The socket is held here, so a request waits in its backlog until the server accepts.
         yield proc, port
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+        stop(proc)
         held.close()
 
 

@@ -56,24 +56,30 @@ def raw_sql(sql: str, params=()) -> None:
         cursor.execute(sql, params)
 
 
+def sqlite_env(tmp_path) -> dict:
+    """The environment of a ``manage.py`` on the SQLite ledger of :func:`sqlite_ledger`."""
+    import os
+
+    return {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'portal.sqlite3'}",
+        "DJANGO_SETTINGS_MODULE": "portal.settings",
+        "FRP_VAR_DIR": str(tmp_path / "var"),
+        "FRP_LEDGER_SIGNER_KEY": "",
+        "FRP_LEDGER_KEY_FILE": str(tmp_path / "signer.key"),
+    }
+
+
 def sqlite_ledger(tmp_path, leaves: int):
     """A real ``migrate`` on a fresh SQLite file, ``leaves`` appended through the service (its
     one-statement batches and single appends) with checkpoints; returns a ``sqlite3`` connection."""
-    import os
     import sqlite3
     import subprocess
     import sys
     from pathlib import Path
 
     db = tmp_path / "portal.sqlite3"
-    env = {
-        **os.environ,
-        "DATABASE_URL": f"sqlite:///{db}",
-        "DJANGO_SETTINGS_MODULE": "portal.settings",
-        "FRP_VAR_DIR": str(tmp_path / "var"),
-        "FRP_LEDGER_SIGNER_KEY": "",
-        "FRP_LEDGER_KEY_FILE": str(tmp_path / "signer.key"),
-    }
+    env = sqlite_env(tmp_path)
     manage = Path(__file__).parents[3] / "manage.py"
     subprocess.run(
         [sys.executable, str(manage), "migrate", "--noinput", "-v0"], env=env, check=True

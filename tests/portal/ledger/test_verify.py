@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from io import StringIO
 
 import pytest
@@ -25,6 +24,7 @@ from tests.portal.ledger.support import (
     append_only_trigger_disabled,
     isolated_ledger_key,
     raw_sql,
+    sqlite_env,
     sqlite_ledger,
 )
 
@@ -209,14 +209,7 @@ def test_ledger_verify_on_sqlite_fails_when_a_trigger_is_dropped(tmp_path):
     from pathlib import Path
 
     con = sqlite_ledger(tmp_path, leaves=3)
-    env = {
-        **os.environ,
-        "DATABASE_URL": f"sqlite:///{tmp_path / 'portal.sqlite3'}",
-        "DJANGO_SETTINGS_MODULE": "portal.settings",
-        "FRP_VAR_DIR": str(tmp_path / "var"),
-        "FRP_LEDGER_SIGNER_KEY": "",
-        "FRP_LEDGER_KEY_FILE": str(tmp_path / "signer.key"),
-    }
+    env = sqlite_env(tmp_path)
     manage = [sys.executable, str(Path(__file__).parents[3] / "manage.py"), "ledger_verify"]
     ok = subprocess.run(manage, env=env, capture_output=True, text=True, check=False)
     assert ok.returncode == 0, ok.stderr
