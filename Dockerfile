@@ -26,7 +26,7 @@ RUN groupadd --system --gid 10001 frp \
 
 WORKDIR /app
 COPY . /app
-RUN pip install . "gunicorn>=23,<28" \
+RUN pip install . \
     && rm -rf build ./*.egg-info \
     # Fail the build, not the first request: settings import, app registry and system checks.
     && python manage.py check \

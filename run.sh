@@ -76,13 +76,24 @@ step "Starting the Celery worker ($broker) and the portal on 127.0.0.1:${PORT}"
   --schedule "$VAR/celerybeat-schedule" >"$VAR/logs/worker.log" 2>&1 &
 PIDS+=($!)
 $PY manage.py serve --bind "127.0.0.1:${PORT}" >"$VAR/logs/web.log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 1 100); do
-  $PY - <<PYEOF 2>/dev/null && break
+web=$!
+PIDS+=($web)
+ready=0
+for _ in $(seq 1 300); do
+  if ! kill -0 "$web" 2>/dev/null; then
+    echo "The portal's web server exited before it answered; the end of $VAR/logs/web.log:" >&2
+    tail -n 20 "$VAR/logs/web.log" >&2
+    exit 1
+  fi
+  $PY - <<PYEOF 2>/dev/null && { ready=1; break; }
 import urllib.request; urllib.request.urlopen("http://127.0.0.1:${PORT}/accounts/login/", timeout=1)
 PYEOF
   sleep 0.2
 done
+if [ "$ready" != 1 ]; then
+  echo "The portal did not answer on 127.0.0.1:${PORT} after 300 tries; see $VAR/logs/web.log" >&2
+  exit 1
+fi
 
 step "Submitting the demo job through the web form, as researcher 'ada'"
 status=0

@@ -137,3 +137,13 @@ def _drain(conn: socket.socket) -> bytes:
         return conn.recv(65536)
     except OSError:
         return b""
+
+
+def test_the_server_is_installed_by_the_readmes_first_command():
+    # run.sh installs the project without its test extra: gunicorn, which `manage.py serve`
+    # runs, must be a dependency of the project itself (a new user's run.sh failed without it).
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert any(d.startswith("gunicorn") for d in project["dependencies"])
+    assert "pip install -e .;" in (ROOT / "run.sh").read_text()  # no extra

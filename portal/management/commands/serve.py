@@ -23,7 +23,7 @@ def gunicorn_argv(bind: str, *, threads: int = 8) -> list[str]:
     ``fd://N`` for a socket the caller holds). Raises ``CommandError`` without gunicorn."""
     exe = shutil.which("gunicorn", path=os.path.dirname(sys.executable)) or shutil.which("gunicorn")
     if exe is None:
-        raise CommandError("gunicorn is not installed (pip install -e .)")
+        raise CommandError("gunicorn is not installed: run ./run.sh, or pip install -e . again")
     return [
         exe,
         "portal.embedded_wsgi:application",
@@ -37,6 +37,7 @@ def gunicorn_argv(bind: str, *, threads: int = 8) -> list[str]:
         str(threads),
         "--keep-alive",
         "0",
+        "--no-control-socket",  # gunicorn's one shared path (~/.gunicorn): two portals would clash
         "--timeout",
         "120",
         "--graceful-timeout",
