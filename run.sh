@@ -35,13 +35,18 @@ t0=$(date +%s)
 step "Installing into .venv (Python: $($PYTHON --version); log: $VAR/logs/install.log)"
 mkdir -p "$VAR/logs"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-# Progress, not minutes of silence: one line per package pip fetches or builds; the full log is kept.
+# Progress, not minutes of silence: one line per package pip fetches or builds; the full log is kept;
+# and a line every 20 s while pip is quiet (unpacking and installing a few hundred MB of wheels).
+( while sleep 20; do echo "    ... still installing ($(( $(date +%s) - t0 )) s)"; done ) &
+ticker=$!
 if ! { .venv/bin/python -m pip install --upgrade pip && .venv/bin/python -m pip install -e .; } 2>&1 \
     | tee "$VAR/logs/install.log" \
     | { grep --line-buffered -E '^(Collecting|Building|Installing collected|Successfully installed)' \
         | sed -u -E 's/^(.{0,110}).*/    \1/' || true; }; then
+  kill "$ticker" 2>/dev/null
   tail -n 30 "$VAR/logs/install.log" >&2; echo "install failed ($VAR/logs/install.log)" >&2; exit 1
 fi
+kill "$ticker" 2>/dev/null; wait "$ticker" 2>/dev/null || true
 PY=.venv/bin/python
 
 step "Preparing the database (SQLite under $VAR, unless DATABASE_URL names another) and the demo institutions"

@@ -92,21 +92,23 @@ class Command(BaseCommand):
 
     def _follow(self, http, url: str, job_id: int, started: float, timeout: float) -> dict:
         """Print progress lines until the job is terminal; return the last progress JSON."""
-        last = None
+        last, printed = None, started
         while True:
             p = http.get(f"{url}/jobs/{job_id}/progress.json", timeout=30).json()
             line = (
                 f"[{time.monotonic() - started:6.1f} s] {p['status']:<9} "
                 f"round {p['rounds_done']}/{p['num_rounds']}"
             )
-            acc = p["chart"]["eval_accuracy"]
-            if acc:
-                line += (
-                    f"  test accuracy {acc[-1]:.3f}  test loss {p['chart']['eval_loss'][-1]:.4f}"
-                )
-            if line.split("] ", 1)[1] != last:
+            acc, loss = p["chart"]["eval_accuracy"], p["chart"]["eval_loss"]
+            if acc and acc[-1] is not None:  # (None: not released to this viewer)
+                line += f"  test accuracy {acc[-1]:.3f}"
+            if loss and loss[-1] is not None:
+                line += f"  test loss {loss[-1]:.4f}"
+            # A line when something changed, and at least every 15 s while nothing does (a
+            # round's sites may take a while on a loaded machine: no minutes of silence).
+            if line.split("] ", 1)[1] != last or time.monotonic() - printed >= 15:
                 self.stdout.write(line)
-                last = line.split("] ", 1)[1]
+                last, printed = line.split("] ", 1)[1], time.monotonic()
             if p["terminal"]:
                 return p
             if time.monotonic() - started > timeout:
