@@ -8,31 +8,47 @@ import logging
 from django.conf import settings
 from django.core.mail import send_mail
 
+from federation.disclosure import baseline_released
 from federation.models import FederatedJob, JobStatus
+from federation.selectors import site_held_out
+from sandbox.selectors import stewarded_institution_ids
 
 log = logging.getLogger(__name__)
 
 
+def _figure(value) -> str:
+    return "not released" if value is None else f"{value:.4f}"
+
+
 def job_notice(job: FederatedJob) -> tuple[str, str]:
-    """``(subject, body)`` of the notice for an ended ``job``."""
+    """``(subject, body)`` of the notice for an ended ``job``, to its submitter: the scores as
+    the submitter may see them on the job page (``federation.disclosure``: exact only for a
+    steward of every site; a hostile re-test read 112/114 off the mail's four decimals while the
+    page showed 107/109, issue 9)."""
     status = job.get_status_display()
     lines = [f"Your job #{job.pk} “{job.title}” has ended: {status}."]
     subject = f"Job #{job.pk} {status.lower()}"
     if job.status == JobStatus.FAILED:
         lines.append(f"Reason: {job.status_detail or job.failure_reason or 'not given'}")
     baseline = job.final_metrics.get("baseline") or {}
+    if baseline:
+        sites = list(job.sites.select_related("site"))
+        stewarded = stewarded_institution_ids(user=job.submitted_by)
+        every = bool(sites) and all(js.site.institution_id in stewarded for js in sites)
+        baseline = baseline_released(baseline, rows=site_held_out(sites), exact=every)
     if job.status == JobStatus.COMPLETED and baseline:
         metric = baseline.get("metric", "score")
         model, value = baseline.get("model"), baseline.get("value")
         if job.below_baseline:
             subject += " — no better than the baseline"
             lines.append(
-                f"Flagged: the final model's {metric} ({model:.4f}) is no better than the "
-                f"{baseline.get('name')} ({value:.4f}) on the pooled held-out splits."
+                f"Flagged: the final model's {metric} ({_figure(model)}) is no better than the "
+                f"{baseline.get('name')} ({_figure(value)}) on the pooled held-out splits."
             )
         elif model is not None and value is not None:
             lines.append(
-                f"Final {metric}: {model:.4f} (baseline {baseline.get('name')}: {value:.4f})."
+                f"Final {metric}: {_figure(model)} (baseline {baseline.get('name')}: "
+                f"{_figure(value)})."
             )
     base = settings.FRP_CALLBACK_BASE_URL.rstrip("/")
     lines.append(f"Details: {base}/jobs/{job.pk}/")

@@ -363,12 +363,15 @@ def _admin_kept(*, by, user, institution: Institution) -> None:
             "you cannot remove your own admin role; another admin of the institution (or a "
             "platform admin) can"
         )
-    others = (
-        Membership.objects.filter(institution=institution, role=Role.INSTITUTION_ADMIN)
-        .exclude(user=user)
-        .filter(user__is_active=True)
+    # Every admin row of the institution is locked before the count: two admins removing each
+    # other at once would each see the other and leave none (hostile re-test); the second now
+    # waits for the first and then sees no other admin.
+    admins = list(
+        Membership.objects.select_for_update(of=("self",))
+        .filter(institution=institution, role=Role.INSTITUTION_ADMIN, user__is_active=True)
+        .values_list("user_id", flat=True)
     )
-    if not others.exists():
+    if not [pk for pk in admins if pk != user.pk]:
         raise MemberError("the institution would have no admin left; make someone else admin first")
 
 

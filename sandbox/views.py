@@ -146,8 +146,9 @@ def _dataset_upload(request):
         return _upload_refused(request)
     datasets = Dataset.objects.filter(site__in=sites).select_related("site").order_by("title")
     initial = {}
-    if request.method == "GET" and request.GET.get("dataset"):
-        chosen = datasets.filter(pk=request.GET["dataset"]).first()
+    wanted = request.GET.get("dataset", "") if request.method == "GET" else ""
+    if wanted.isascii() and wanted.isdigit() and len(wanted) <= 18:  # a key, or no dataset
+        chosen = datasets.filter(pk=int(wanted)).first()
         if chosen is not None:
             initial = {"dataset": chosen.pk, "site": chosen.site_id}
     form = DatasetUploadForm(

@@ -277,3 +277,61 @@ def test_the_last_admin_keeps_the_role_and_the_account_unless_a_platform_admin_a
 
     services.member_roles_set(by=UserFactory(is_staff=True), user=admin, institution=inst, roles=[])
     assert not Membership.objects.filter(user=admin).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_admins_removing_each_other_at_once_leave_one(monkeypatch):
+    """Hostile re-test: on PostgreSQL both removals passed the check (each saw the other admin)
+    and the institution was left with none. The first removal is held after its check until the
+    second has either finished or is waiting for the first's lock; then let go."""
+    import threading
+
+    from django.db import connection, connections
+
+    inst, a, b = InstitutionFactory(), UserFactory(), UserFactory()
+    for user in (a, b):
+        Membership.objects.create(user=user, institution=inst, role=Role.INSTITUTION_ADMIN)
+    checked, go = threading.Event(), threading.Event()
+    revoke = services.membership_revoke
+
+    def held_revoke(**kwargs):
+        if kwargs["by"] == a:  # the first removal: a takes b's role
+            checked.set()
+            assert go.wait(timeout=120)
+        revoke(**kwargs)
+
+    monkeypatch.setattr(services, "membership_revoke", held_revoke)
+    outcome = {}
+
+    def remove(by, user, key):
+        try:
+            services.member_roles_set(by=by, user=user, institution=inst, roles=[])
+            outcome[key] = "removed"
+        except services.MemberError as exc:
+            outcome[key] = str(exc)
+        finally:
+            connections.close_all()
+
+    first = threading.Thread(target=remove, args=(a, b, "first"))
+    first.start()
+    assert checked.wait(timeout=120)
+    second = threading.Thread(target=remove, args=(b, a, "second"))
+    second.start()
+    for _ in range(1200):  # until the second is done or waits for a lock (bounded, ≤ 120 s)
+        if not second.is_alive():
+            break
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()"
+            )
+            if cursor.fetchone()[0]:
+                break
+        second.join(timeout=0.1)
+    go.set()
+    first.join(timeout=120)
+    second.join(timeout=120)
+
+    assert outcome["first"] == "removed"
+    assert "no admin left" in outcome["second"]
+    assert Membership.objects.filter(institution=inst, role=Role.INSTITUTION_ADMIN).count() == 1

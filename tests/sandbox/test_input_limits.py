@@ -194,3 +194,14 @@ def test_a_wide_schema_is_shown_a_page_of_columns_at_a_time(client):
     assert "col000" in first and "col049" in first and "col050" not in first
     assert "Page 1 of 3" in first and "?columns=2" in first
     assert "col119" in last and "col099" not in last
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("value", ["abc", "²", "9" * 40, "-1", ""])
+def test_a_dataset_to_choose_that_is_not_a_key_chooses_none(client, steward, value):
+    # Hostile re-test: ?dataset=abc was a 500 (ValueError from the key lookup).
+    client.force_login(steward[0])
+
+    response = client.get(reverse("sandbox:dataset_upload"), {"dataset": value})
+
+    assert response.status_code == 200
