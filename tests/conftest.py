@@ -33,7 +33,7 @@ def _flush_past_the_ledger_guard() -> None:
         if not statements or not guarded:
             return statements
         off = [f"ALTER TABLE {t} DISABLE TRIGGER {t}_no_truncate;" for t in guarded]
-        on = [f"ALTER TABLE {t} ENABLE TRIGGER {t}_no_truncate;" for t in guarded]
+        on = [f"ALTER TABLE {t} ENABLE ALWAYS TRIGGER {t}_no_truncate;" for t in guarded]
         return off + statements + on
 
     DatabaseOperations.sql_flush = sql_flush

@@ -28,10 +28,10 @@ import threading
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import connection
 from django.db.models import QuerySet
 
 from portal.ledger import checkpoint as notes
+from portal.ledger.guards import guard_problems
 from portal.ledger.leaves import LedgerError, LedgerIntegrityError, canonical_json
 from portal.ledger.merkle import MerkleTree, leaf_hash
 from portal.ledger.models import LedgerCheckpoint, LedgerCosignature, LedgerEntry, LedgerWitness
@@ -373,7 +373,7 @@ class LedgerReport:
     cosignatures: int
     problems: tuple[LedgerProblem, ...]
     cosigned_size: int = 0  # leaves covered by the largest checkpoint a witness cosigned
-    #: the database's append-only triggers that are missing (``missing_guards``)
+    #: what is wrong with the database's append-only triggers (``guards.guard_problems``)
     missing_guards: tuple[str, ...] = ()
 
     @property
@@ -417,44 +417,6 @@ def _leaf_problem(index: int, kind: str, data: str, stored: bytes) -> str | None
     return None
 
 
-#: The triggers that keep the ledger's tables append-only in the database, per database vendor
-#: (migrations ``portal.0003``, ``0004`` and ``0007``).
-APPEND_ONLY_TRIGGERS = {
-    "sqlite": (
-        "portal_ledgerentry_no_update",
-        "portal_ledgerentry_no_delete",
-        "portal_ledgerentry_insert_next",
-        "portal_ledgercheckpoint_insert_new",
-        "portal_ledgercheckpoint_no_update",
-        "portal_ledgercheckpoint_no_delete",
-    ),
-    "postgresql": (
-        "portal_ledgerentry_append_only",
-        "portal_ledgerentry_no_truncate",
-        "portal_ledgercheckpoint_append_only",
-        "portal_ledgercheckpoint_no_truncate",
-    ),
-}
-
-
-def missing_guards() -> tuple[str, ...]:
-    """The append-only triggers of :data:`APPEND_ONLY_TRIGGERS` that the database does not have
-    (or, on PostgreSQL, has disabled), by name; ``()`` on another database. Whoever dropped one
-    can change leaves without the database refusing it, so ``ledger_verify`` fails while one is
-    missing (issue 9, hostile re-test C)."""
-    vendor = connection.vendor
-    wanted = APPEND_ONLY_TRIGGERS.get(vendor, ())
-    if not wanted:
-        return ()
-    with connection.cursor() as cursor:
-        if vendor == "sqlite":
-            cursor.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")
-        else:
-            cursor.execute("SELECT tgname FROM pg_trigger WHERE tgenabled <> 'D'")
-        present = {row[0] for row in cursor.fetchall()}
-    return tuple(name for name in wanted if name not in present)
-
-
 def ledger_verify(*, chunk: int = 10_000, max_problems: int = 50) -> LedgerReport:
     """Recompute the whole ledger from its stored data; report what does not match.
 
@@ -470,12 +432,12 @@ def ledger_verify(*, chunk: int = 10_000, max_problems: int = 50) -> LedgerRepor
         chunk: rows fetched per database round trip.
         max_problems: stop collecting after this many problems.
 
-    Also checks that the database still has the triggers that keep the ledger append-only
-    (:func:`missing_guards`).
+    Also checks that the database still has the triggers that keep the ledger append-only, as
+    their migrations made them (``portal.ledger.guards.guard_problems``).
 
     Returns:
         :class:`LedgerReport`; ``problems`` sorted by index (the first is the first bad index),
-        ``missing_guards`` the triggers that are gone.
+        ``missing_guards`` what is wrong with the triggers.
     """
     problems: list[LedgerProblem] = []
     tree = MerkleTree()
@@ -573,5 +535,5 @@ def ledger_verify(*, chunk: int = 10_000, max_problems: int = 50) -> LedgerRepor
         cosignatures,
         tuple(problems[:max_problems]),
         cosigned_size,
-        missing_guards(),
+        guard_problems(),
     )

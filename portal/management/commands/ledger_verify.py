@@ -25,10 +25,10 @@ class Command(BaseCommand):
         self.stderr.write(f"Not checked: {report.limits}")
         if report.missing_guards:
             raise CommandError(
-                "ledger verification FAILED: the database no longer refuses changes to the "
-                "ledger; these append-only triggers are missing or disabled: "
-                + ", ".join(report.missing_guards)
-                + " (run manage.py migrate to recreate them, and find out who removed them)"
+                "ledger verification FAILED: the database no longer refuses every change to "
+                "the ledger; its append-only triggers: "
+                + "; ".join(report.missing_guards)
+                + " (recreate them as their migrations make them, and find out who changed them)"
             )
         if not report.ok:
             for problem in report.problems:

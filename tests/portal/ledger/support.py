@@ -47,7 +47,7 @@ def append_only_trigger_disabled():
     try:
         yield
     finally:
-        switch("ENABLE")
+        switch("ENABLE ALWAYS")  # as migration 0009 leaves them
 
 
 def raw_sql(sql: str, params=()) -> None:

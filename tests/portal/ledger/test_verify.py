@@ -8,6 +8,7 @@ from io import StringIO
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.management import CommandError, call_command
+from django.db import IntegrityError, connection, transaction
 
 from portal.ledger import checkpoint as notes
 from portal.ledger.leaves import canonical_json
@@ -197,8 +198,8 @@ def test_ledger_verify_fails_while_an_append_only_trigger_is_disabled():
     with append_only_trigger_disabled():
         message = _failure()
     assert message.startswith("ledger verification FAILED: the database no longer refuses")
-    assert "portal_ledgerentry_append_only" in message
-    assert "portal_ledgercheckpoint_no_truncate" in message
+    assert "portal_ledgerentry_append_only: disabled" in message
+    assert "portal_ledgercheckpoint_no_truncate: disabled" in message
     assert "ledger OK" in _verify()  # enabled again
 
 
@@ -214,11 +215,47 @@ def test_ledger_verify_on_sqlite_fails_when_a_trigger_is_dropped(tmp_path):
     ok = subprocess.run(manage, env=env, capture_output=True, text=True, check=False)
     assert ok.returncode == 0, ok.stderr
     con.execute("DROP TRIGGER portal_ledgerentry_no_update")
+    # …and one recreated under its own name so that it never fires (hostile re-test).
+    con.execute("DROP TRIGGER portal_ledgerentry_no_delete")
+    con.execute(
+        "CREATE TRIGGER portal_ledgerentry_no_delete BEFORE DELETE ON portal_ledgerentry "
+        "WHEN 0 BEGIN SELECT RAISE(ABORT, 'x'); END"
+    )
     con.commit()
 
     failed = subprocess.run(manage, env=env, capture_output=True, text=True, check=False)
 
     assert failed.returncode == 1
-    assert "append-only triggers are missing or disabled: portal_ledgerentry_no_update" in (
-        failed.stderr
+    assert "portal_ledgerentry_no_update: missing" in failed.stderr
+    assert "portal_ledgerentry_no_delete: changed from its migration's definition" in failed.stderr
+
+
+def test_ledger_verify_fails_when_a_trigger_function_is_replaced():
+    # Hostile re-test: the function's owner replaced its body with RETURN NULL (no superuser
+    # needed), deleted every checkpoint, and ledger_verify said "ledger OK".
+    _ledger(4, checkpoints=(4,))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE OR REPLACE FUNCTION portal_ledger_refuse_change() RETURNS trigger "
+            "LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$"
+        )
+
+    message = _failure()
+
+    assert "portal_ledgercheckpoint_append_only: its function portal_ledger_refuse_change()" in (
+        message
     )
+
+
+def test_a_replica_session_cannot_skip_the_triggers():
+    # Hostile re-test: SET session_replication_role = replica skipped the triggers, so a
+    # superuser deleted the newest checkpoint and leaves unseen. They are ENABLE ALWAYS now.
+    _ledger(4, checkpoints=(4,))
+    with (
+        pytest.raises(IntegrityError, match="append-only"),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute("SET LOCAL session_replication_role = replica")
+        cursor.execute("DELETE FROM portal_ledgercheckpoint")
+    assert LedgerCheckpoint.objects.count() == 1
