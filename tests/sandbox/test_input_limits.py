@@ -95,6 +95,21 @@ def test_quoted_fields_spanning_lines_count_per_physical_line():
     assert len(rows) == 1 and len(rows[0][0][1]) == 91 * 50
 
 
+def test_a_quoted_field_of_many_short_lines_is_bounded_past_its_block():
+    # Hostile re-test: a 16.6 MB cell of short lines passed the per-line limit and was read
+    # whole (1.5 GB peak for 8 uploads at once). It may run on past its block of lines only up
+    # to the limit.
+    text = 'a,b\n1,"' + ("y" * 90 + "\n") * 40_000 + '"\n'  # 3.6 M characters, one cell
+    reader = RecordReader(io.StringIO(text), max_line_chars=100_000, block_chars=64 * 1024)
+    with pytest.raises(CsvError) as err:
+        list(reader.batches())
+    assert "runs on over more than 100,000 characters past its block" in str(err.value)
+    assert "(FRP_MAX_LINE_CHARS)" in str(err.value)
+    # Without a limit (a site operator's own tool may choose none) it is read as before.
+    rows = [b.rows for b in RecordReader(io.StringIO(text), block_chars=64 * 1024).batches()]
+    assert len(rows[0][0][1]) == 91 * 40_000
+
+
 def test_ingest_names_the_limits_it_enforces(tmp_path):
     wide = tmp_path / "wide.csv"
     wide.write_text(",".join(f"c{i}" for i in range(6)) + "\n" + ",".join("1" * 6) + "\n")
