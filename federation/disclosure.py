@@ -50,6 +50,20 @@ def class_counts(confusion) -> list[int]:
     return out
 
 
+def site_held_out(sites, *, last: dict | None = None) -> list[int]:
+    """Each site's held-out rows in the final evaluation (``JobSite.final_metrics``), else — when
+    no site reported one — in its last round (``last``: ``{job site id: SiteRoundMetric}``):
+    what a pooled held-out total is the sum of."""
+    final = [
+        int(js.final_metrics["eval_examples"])
+        for js in sites
+        if isinstance((js.final_metrics or {}).get("eval_examples"), int)
+    ]
+    if final or last is None:
+        return final
+    return [m.eval_examples for m in last.values() if m is not None and m.ok]
+
+
 def site_classes(job_sites) -> list[list[int]]:
     """Each job site's held-out rows per class (:func:`class_counts` of the confusion matrix in
     its ``final_metrics``), for the sites that reported one."""

@@ -8,9 +8,8 @@ import logging
 from django.conf import settings
 from django.core.mail import send_mail
 
-from federation.disclosure import baseline_released
+from federation.disclosure import baseline_released, site_held_out
 from federation.models import FederatedJob, JobStatus
-from federation.selectors import site_held_out
 from sandbox.selectors import stewarded_institution_ids
 
 log = logging.getLogger(__name__)

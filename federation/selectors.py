@@ -17,6 +17,7 @@ from federation.disclosure import (
     metric_shown,
     metrics_released,
     site_classes,
+    site_held_out,
 )
 from federation.models import (
     FederatedJob,
@@ -241,20 +242,6 @@ def _round_shown(metric, rows: list[int], *, exact: bool) -> None:
     for key in ("eval_accuracy", "eval_loss", "train_loss"):
         value = getattr(metric, key)
         setattr(metric, key, metric_shown(key, value, rows=rows, exact=False))
-
-
-def site_held_out(sites, *, last: dict | None = None) -> list[int]:
-    """Each site's held-out rows in the final evaluation (``JobSite.final_metrics``), else — when
-    no site reported one — in its last round (``last``: ``{job site id: SiteRoundMetric}``):
-    what a pooled held-out total is the sum of."""
-    final = [
-        int(js.final_metrics["eval_examples"])
-        for js in sites
-        if isinstance((js.final_metrics or {}).get("eval_examples"), int)
-    ]
-    if final or last is None:
-        return final
-    return [m.eval_examples for m in last.values() if m is not None and m.ok]
 
 
 def pooled_shown(total: int | None, site_counts: list[int], *, exact: bool) -> int | str | None:
