@@ -366,9 +366,12 @@ def _admin_kept(*, by, user, institution: Institution) -> None:
     # Every admin row of the institution is locked before the count: two admins removing each
     # other at once would each see the other and leave none (hostile re-test); the second now
     # waits for the first and then sees no other admin.
+    # The rows are taken in one order (by key) and before any other lock of the change, so two
+    # such changes queue instead of deadlocking.
     admins = list(
         Membership.objects.select_for_update(of=("self",))
         .filter(institution=institution, role=Role.INSTITUTION_ADMIN, user__is_active=True)
+        .order_by("pk")
         .values_list("user_id", flat=True)
     )
     if not [pk for pk in admins if pk != user.pk]:
@@ -382,9 +385,7 @@ def member_roles_set(*, by, user, institution: Institution, roles: list[str]) ->
     Raises ``MemberError`` (nothing changes) when it would take the admin role from ``by``
     themselves or from the institution's last admin (:func:`_admin_kept`)."""
     current = set(
-        Membership.objects.select_for_update()
-        .filter(user=user, institution=institution)
-        .values_list("role", flat=True)
+        Membership.objects.filter(user=user, institution=institution).values_list("role", flat=True)
     )
     if Role.INSTITUTION_ADMIN in current and Role.INSTITUTION_ADMIN not in set(roles):
         _admin_kept(by=by, user=user, institution=institution)
