@@ -137,6 +137,12 @@ class Command(BaseCommand):
                 f"Federated test accuracy: {final['eval_accuracy']:.4f} "
                 f"on {final['eval_examples']} held-out examples"
             )
+        baseline = final.get("baseline") or {}
+        if baseline.get("value") is not None and baseline.get("model") is not None:
+            verdict = "the model beats it" if baseline.get("better") else "NOT beaten"
+            self.stdout.write(
+                f"Baseline, {baseline.get('name')}: {baseline['value']:.4f} ({verdict})"
+            )
         self.stdout.write(
             f"{'site':<12} {'institution':<34} {'status':<10} {'rounds':>6} "
             f"{'train rows':>10} {'test rows':>9} {'test accuracy':>13} {'Shapley share':>13}"
