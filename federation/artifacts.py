@@ -20,7 +20,13 @@ import json
 from django.conf import settings
 
 from federation import method
-from federation.disclosure import baseline_released, metric_shown, metrics_released, site_classes
+from federation.disclosure import (
+    baseline_released,
+    metric_shown,
+    metrics_released,
+    site_classes,
+    site_held_out,
+)
 from federation.exporters import ExportError, ExportInput, export
 from federation.models import ReleaseStatus
 from frp_flwr import checkpoints
@@ -196,11 +202,7 @@ def model_card(job) -> dict:
         }
         for js in job_sites
     ]
-    held_out = [
-        int(js.final_metrics["eval_examples"])
-        for js in job_sites
-        if isinstance((js.final_metrics or {}).get("eval_examples"), int)
-    ]
+    held_out = site_held_out(job_sites)
     pooled_rows = _pooled_rows_shown(final.get("eval_examples"), held_out)
     contribution = final.get("contribution") or {}
     try:

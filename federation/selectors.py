@@ -203,17 +203,13 @@ def job_progress(*, job: FederatedJob, user=None) -> dict:
             exact=exact[s.site.slug],
         )
     every = bool(exact) and all(exact.values())
+    rows_by_round: dict[int, list[int]] = {}
+    for ms in site_rounds.values():
+        for m in ms:
+            if m.ok:
+                rows_by_round.setdefault(m.round, []).append(m.eval_examples)
     for r in rounds:
-        _round_shown(
-            r,
-            [
-                m.eval_examples
-                for ms in site_rounds.values()
-                for m in ms
-                if m.round == r.round and m.ok
-            ],
-            exact=every,
-        )
+        _round_shown(r, rows_by_round.get(r.round, []), exact=every)
     percent = 100 if job.status == "completed" else int(100 * len(rounds) / max(job.num_rounds, 1))
     held_out = site_held_out(sites, last={s.pk: s.last_round for s in sites})
     return {
