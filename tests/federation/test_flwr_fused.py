@@ -21,7 +21,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
 from frp_flwr import checkpoints, client_app, server_app
-from frp_flwr.contract import RunConfig, SiteLimits
+from frp_flwr.contract import RunConfig, SiteLimits, released
 from frp_flwr.task import SiteDataError
 from sandbox.storage import FilesystemStore
 from tests.federation.test_flwr_trust import (  # noqa: F401 — its autouse fixtures
@@ -112,9 +112,15 @@ def _unfused(cfg: RunConfig, base_config: dict, *, drop_after: dict[int, set[str
                 float(reply.content["metrics"]["train-loss"]),
             )
         n = sum(t[1] for t in trained.values())
+        # FedAvg weighs by the counts as released (ADR 0036), the train loss too (Flower's
+        # metric aggregation uses the same weight)
+        w = {s: released(t[1]) for s, t in trained.items()}
+        total = sum(w.values())
         start = weights
-        weights = [sum(t[0][i] * t[1] for t in trained.values()) / n for i in range(len(start))]
-        logs.append((start, {s: (t[0], t[1]) for s, t in trained.items()}))
+        weights = [
+            sum(t[0][i] * w[s] for s, t in trained.items()) / total for i in range(len(start))
+        ]
+        logs.append((start, {s: (t[0], w[s]) for s, t in trained.items()}))
         evaluated = {}
         for site in sites:
             content = RecordDict({"arrays": ArrayRecord(weights), "config": ConfigRecord(config)})
@@ -128,7 +134,7 @@ def _unfused(cfg: RunConfig, base_config: dict, *, drop_after: dict[int, set[str
         e = sum(v[0] for v in evaluated.values())
         rounds.append(
             {
-                "train_loss": sum(t[2] * t[1] for t in trained.values()) / n,
+                "train_loss": sum(t[2] * w[s] for s, t in trained.items()) / total,
                 "train_examples": n,
                 "eval_examples": e,
                 "eval_loss": sum(v[0] * v[1] for v in evaluated.values()) / e,
@@ -411,3 +417,51 @@ def test_a_failed_training_after_its_evaluation_passes_the_clipping_mod_as_it_is
     assert not reply.has_error()
     assert reply.content["train-error"]["error"] == "the site's disk is full"
     assert reply.content["evaluation"]["eval-loss"] == 0.5
+
+
+class ModelsGrid(CountingGrid):
+    """``CountingGrid`` keeping, per destination node, the coalition models and keys of the
+    closing evaluate message: what every site receives."""
+
+    def __init__(self, nodes, run_config):
+        super().__init__(nodes, run_config)
+        self.coalitions: dict[int, tuple[list[str], list]] = {}
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        for msg in messages:
+            if "models" in msg.content:
+                keys = list(msg.content["config"]["coalition-keys"])
+                stacked = msg.content["models"].to_numpy_ndarrays()
+                models = [[layer[k] for layer in stacked] for k in range(stacked[0].shape[0])]
+                self.coalitions[msg.metadata.dst_node_id] = (keys, models)
+        return super().push_messages(messages)
+
+
+def test_the_coalition_models_a_site_receives_give_only_released_training_counts():
+    """The hostile re-test of issue 9 (ADR 0036, amendment): after one FedAvg round the model of
+    coalition S is ``w0 + Σ_S n_i (w_i − w0) / Σ_S n_i``, so a site receiving M{a}, M{b} and
+    M{a,b} solves ``(M{a,b} − M{b}) / (M{a} − M{b}) = n_a / (n_a + n_b)``. The ratio must be the
+    one of the counts as released (96 → 95, 72 → 70 training rows), never of the exact ones."""
+    cfg = _cfg(rounds=1)
+    portal = Portal(_limits())
+    grid = ModelsGrid(_honest(), cfg.to_flower())
+    server_app.run_job(grid, cfg, portal)
+
+    (contribution,) = portal.of("contribution")
+    players = contribution.players
+    train = {s: round(ROWS[s] * 0.8) for s in SITES}  # the split's training rows: 96, 72, 48
+    assert grid.coalitions, "no coalition models were sent to the sites"
+    for keys, models in grid.coalitions.values():  # what each site received
+        model = dict(zip(keys, models, strict=True))
+        for a, b in itertools.permutations(range(len(players)), 2):
+            # "0|<members>": the whole run's model of the coalition (round 0)
+            ab = model["0|" + ",".join(str(i) for i in sorted((a, b)))]
+            ma, mb = model[f"0|{a}"], model[f"0|{b}"]
+            num = sum(float(np.vdot(x - y, z - y)) for x, y, z in zip(ab, mb, ma, strict=True))
+            den = sum(float(np.vdot(z - y, z - y)) for z, y in zip(ma, mb, strict=True))
+            n_a, n_b = train[players[a]], train[players[b]]
+            assert num / den == pytest.approx(
+                released(n_a) / (released(n_a) + released(n_b)), abs=1e-9
+            ), (players[a], players[b])
+            assert abs(num / den - n_a / (n_a + n_b)) > 1e-4  # the exact ratio is not there

@@ -150,6 +150,56 @@ def test_secure_round_gives_the_weighted_mean_of_the_sites_deltas():
     assert outcome.errors == {}
 
 
+class _SetupGrid(_WireGrid):
+    """``_WireGrid`` keeping the ``max_weight`` each site receives at the setup stage."""
+
+    def __init__(self, nodes):
+        super().__init__(nodes)
+        self.max_weight: dict[int, float] = {}
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        for msg in messages:
+            configs = msg.content.config_records.get(RECORD_KEY_CONFIGS, {})
+            if Key.MAX_WEIGHT in configs:
+                self.max_weight[msg.metadata.dst_node_id] = float(configs[Key.MAX_WEIGHT])
+        return super().push_messages(messages)
+
+
+def test_sites_weigh_by_released_counts_and_receive_only_the_largest_released(monkeypatch):
+    """What every site receives (ADR 0036, amendment): the new global model w + Σ r_i Δ_i / Σ r_i
+    weighted by the released counts r_i (43 → 45, 98 → 100, 6 → 4), and Flower's ``max_weight``
+    as the released count of the largest site's rows (198 → 200), never the exact 198."""
+    exact = {11: 43, 22: 98, 33: 6}
+    for node, rows in exact.items():
+        monkeypatch.setitem(SITES, node, (rows, SITES[node][1]))
+    grid = _SetupGrid(SITES)
+    outcome = secure_train_round(
+        grid,
+        params=SecAggParams(),
+        active={f"site-{n}": n for n in SITES},
+        arrays=ArrayRecord([a.copy() for a in GLOBAL]),
+        fit_config={"server-round": 1, "preprocess": "{}"},
+        rnd=1,
+        max_examples=198,
+        timeout=5.0,
+        poll=0.001,
+    )
+    assert outcome.errors == {}
+    assert set(grid.max_weight) == set(SITES) and set(grid.max_weight.values()) == {200.0}
+    weights = {11: 45, 22: 100, 33: 4}
+    total = sum(weights.values())
+    want = [
+        g + sum(weights[n] * SITES[n][1][k] for n in SITES) / total for k, g in enumerate(GLOBAL)
+    ]
+    got = outcome.arrays.to_numpy_ndarrays()
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, atol=1e-4)
+    gap = max(float(np.abs(w - e).max()) for w, e in zip(want, _expected(list(SITES)), strict=True))
+    assert gap > 1e-3  # the exact-count mean is measurably elsewhere
+    assert {n: m.num_examples for n, m in outcome.replies.items()} == exact  # the portal's
+
+
 def test_the_server_receives_only_masked_vectors_and_clear_metrics():
     grid = _WireGrid(SITES)
     _, logged = _round(grid, list(SITES))

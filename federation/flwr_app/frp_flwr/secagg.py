@@ -53,7 +53,7 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECOR
 from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp import Grid
 
-from frp_flwr.contract import ContractError, JobSpec, TrainReply
+from frp_flwr.contract import ContractError, JobSpec, TrainReply, released
 
 #: Flower's defaults: deltas clipped to ±8, quantised to 2**22 levels, masks modulo 2**32.
 CLIPPING_RANGE = 8.0
@@ -205,9 +205,10 @@ def clear_metrics(reply: Message) -> TrainReply:
     except KeyError as exc:
         raise ContractError(f"malformed secure-aggregation reply: no {exc}") from None
     parsed = TrainReply.from_record(metrics, "metrics")
-    if weight != parsed.num_examples:
+    if weight != released(parsed.num_examples):
         raise ContractError(
-            f"weights its masked update by {weight} examples but reports {parsed.num_examples}"
+            f"weights its masked update by {weight} examples but reports {parsed.num_examples} "
+            f"(released: {released(parsed.num_examples)})"
         )
     return parsed
 
@@ -230,8 +231,9 @@ def secure_train_round(
 
     ``arrays``: the global model (list of float64 layers); ``fit_config``: str/int/float/bool
     values every site's train handler gets (legacy ``FitIns.config``); ``max_examples``: the most
-    training rows any site may weight its update by (Flower's ``max_weight``: weights n_i /
-    max_examples must stay ≤ 1 or the quantised vector overflows); ``timeout``: seconds per
+    training rows any site may report (Flower's ``max_weight``, which every site receives, is its
+    released count, ``contract.released``: a site weights its update by its own released count,
+    and weights / max_weight must stay ≤ 1 or the quantised vector overflows); ``timeout``: seconds per
     exchange (4 per round); ``poll``: seconds between pulls; ``on_reply(node, reply)``: sees every
     reply; ``check(node, clear metrics, elapsed s) -> problem`` bounds a site's clear report
     (a site refused is withheld, so its update is not in the sum).
@@ -242,7 +244,10 @@ def secure_train_round(
     """
     nodes = sorted(active.values())
     workflow = params.workflow(timeout=timeout)
-    workflow.max_weight = float(max(1, max_examples))
+    # Every site receives max_weight in the setup stage's config (Flower's Key.MAX_WEIGHT), so it
+    # is the released count of the largest site's rows, not the count; a site weights its update
+    # by its own released count (secagg_mod), at most that one (the rule is monotone).
+    workflow.max_weight = float(max(1, released(max(0, max_examples))))
     global_layers = [np.asarray(a, dtype=np.float64) for a in arrays.to_numpy_ndarrays()]
 
     def screen(node: int, reply: Message, elapsed: float) -> str:
@@ -252,7 +257,7 @@ def secure_train_round(
             return f"malformed secure-aggregation reply: {exc}"
         if not math.isfinite(metrics.train_loss):
             return "a train loss that is not a finite number (training diverged)"
-        if metrics.num_examples > workflow.max_weight:
+        if metrics.num_examples > max_examples:
             return f"reported {metrics.num_examples} training examples of at most {max_examples}"
         return check(node, metrics, elapsed) if check else ""
 
@@ -341,7 +346,8 @@ def secagg_mod(msg: Message, ctxt: Context, call_next) -> Message:
         fitres = FitRes(
             status=Status(code=Code.OK, message="ok"),
             parameters=ndarrays_to_parameters(delta),
-            num_examples=int(metrics["num-examples"]),
+            # weighted by the count as released, as the FedAvg of a clear round (ADR 0036)
+            num_examples=released(int(metrics["num-examples"])),
             metrics=dict(metrics.items()),
         )
         return Message(compat.fitres_to_recorddict(fitres, keep_input=False), reply_to=inner)

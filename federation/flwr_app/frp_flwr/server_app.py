@@ -112,6 +112,7 @@ from frp_flwr.contract import (
     examples_problem,
     finite_or_none,
     metering_problem,
+    released,
     reply_error,
 )
 from frp_flwr.metrics import baseline, pooled_metrics, site_metrics
@@ -125,7 +126,12 @@ from frp_flwr.preprocess import (
 )
 from frp_flwr.secagg import SecAggError, SecAggParams, fit_config, secure_train_round
 from frp_flwr.signing import SignatureError, job_key, master_key_from_environ, sign
-from frp_flwr.strategies import aggregate_mean, aggregate_train, build_strategy
+from frp_flwr.strategies import (
+    aggregate_mean,
+    aggregate_train,
+    build_strategy,
+    weigh_by_released,
+)
 from frp_flwr.strategies import coalition_models as strategy_coalition_models
 from frp_flwr.task import (
     MAX_COALITION_MODELS,
@@ -1346,15 +1352,18 @@ def _aggregate_round(run: _Run, rnd: int, sites_out: dict[str, dict], train: dic
             raise NonFinite(f"round {rnd}: the aggregated model is not finite (NaN or infinity)")
         run.arrays = arrays
         return {"train-loss": _weighted_loss([m for _, m in train.values()])}
+    # The model every site receives next, and the coalition models of the closing evaluation,
+    # are weighted by the released counts, not the exact ones (weigh_by_released, ADR 0036).
     player = {n: run.player_of[run.node_site[n]] for n in train}
     run.history.append(
         RoundLog(
             start=_arrays(run.arrays),
             updates={player[n]: _arrays(r.content["arrays"]) for n, (r, _) in train.items()},
-            examples={player[n]: m.num_examples for n, (_, m) in train.items()},
+            examples={player[n]: released(m.num_examples) for n, (_, m) in train.items()},
         )
     )
-    replies = privacy.before_aggregate(run.strategy, [r for r, _ in train.values()], run.arrays)
+    replies = weigh_by_released(run.strategy, [r for r, _ in train.values()])
+    replies = privacy.before_aggregate(run.strategy, replies, run.arrays)
     arrays, train_agg = aggregate_train(run.strategy, rnd, run.arrays, replies)
     if not all(np.isfinite(a).all() for a in _arrays(arrays)):
         run.post_partial(rnd, sites_out)

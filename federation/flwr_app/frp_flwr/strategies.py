@@ -51,6 +51,7 @@ from frp_flwr.choices import (  # noqa: F401 — the strategy tables, validated 
     read_strategy_spec,
     secagg_problem,
 )
+from frp_flwr.contract import released
 
 
 def strategy_params(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -140,6 +141,33 @@ def aggregate_train(strategy, server_round: int, current, replies):
     if hasattr(inner, "current_arrays"):
         inner.current_arrays = {k: a.numpy() for k, a in current.items()}
     return strategy.aggregate_train(server_round, list(replies))
+
+
+def weigh_by_released(strategy, replies):
+    """Set, in place, each train reply's weighting metric (the inner strategy's
+    ``weighted_by_key``, FedAvg's ``num-examples``) to the site's training examples **as
+    released** (``contract.released``: the nearest multiple of 5, 4 for 1–7); returns
+    ``replies`` (a list of Flower ``Message``).
+
+    Why (issue 9; ADR 0010, 0036 amendment): every site receives the global model each round and,
+    in the closing evaluation, the coalition models; weighted by exact counts,
+    ``(M{a,b} − M{b}) / (M{a} − M{b})`` is ``n_a / (n_a + n_b)``, so a site solves another's
+    training rows from what it is sent. Weighted by released counts, what a site can solve is
+    the released counts, which researchers already see. The weights move by at most 2 rows in
+    5 (or 3 of 1–7): FedAvg's mean is any convex combination's limit and stays one. The sites'
+    exact counts are read before this, from the parsed replies, for metering and checks."""
+    replies = list(replies)
+    inner = strategy
+    while hasattr(inner, "strategy"):  # Flower's DP wrappers keep the strategy they wrap
+        inner = inner.strategy
+    key = getattr(inner, "weighted_by_key", None)
+    if key is None:
+        return replies
+    for reply in replies:
+        for record in reply.content.metric_records.values():
+            if key in record:
+                record[key] = released(int(record[key]))
+    return replies
 
 
 def aggregate_mean(strategy, server_round: int, current, mean, num_examples: int):
