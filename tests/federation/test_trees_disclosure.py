@@ -147,10 +147,12 @@ def test_a_binary_sites_rows_are_not_its_first_trees_cover_over_the_base_scores_
 
 
 @pytest.mark.parametrize("data", [_regression, _binary, _multiclass])
-def test_sent_trees_predict_exactly_what_the_grown_trees_predict(data):
+def test_stripped_trees_predict_exactly_what_the_grown_trees_predict(data):
+    """Stripping the statistics (``pack_trees``) changes no prediction; the leaf values a site
+    sends are the released ones (the tests below), which do."""
     X, y, params = data()
-    sent, booster = _sent_and_unstripped(X, y, params)
-    stripped = trees.load_booster(sent, params)
+    _, booster = _sent_and_unstripped(X, y, params)
+    stripped = trees.load_booster(trees.pack_trees(booster, 0), params)
     d = xgb.DMatrix(X)
 
     np.testing.assert_array_equal(stripped.predict(d), booster.predict(d))
@@ -216,6 +218,130 @@ def test_the_binary_base_score_is_a_share_of_released_counts():
 
 
 def test_the_flower_apps_released_count_is_the_profiles():
+    from frp_flwr.contract import released_floor
     from sandbox.profile import released_count
+    from sandbox.profile import released_floor as profile_floor
 
     assert [released(n) for n in range(0, 300)] == [released_count(n) for n in range(0, 300)]
+    assert [released_floor(n) for n in range(300)] == [profile_floor(n) for n in range(300)]
+
+
+# --- leaf values (the hostile re-test of issue 9; ADR 0036, amendment) -------------------------
+
+
+def _exact_leaf(g, h, *, eta, reg_lambda, min_child_weight, regression):
+    """XGBoost's own leaf (``CalcWeight``): ``−η G / (H + λ)``, 0 when ``H < min_child_weight``."""
+    big_g, big_h = g.sum(axis=0), h.sum(axis=0)
+    value = np.where(big_h >= min_child_weight, -eta * big_g / (big_h + reg_lambda), 0.0)
+    return value if g.ndim == 2 else float(value)
+
+
+def _leaf_values(tree: dict) -> dict[int, list[float]]:
+    width = max(1, int(tree["tree_param"]["size_leaf_vector"]))
+    out = {}
+    for node, left in enumerate(tree["left_children"]):
+        if left == -1:
+            if width == 1:
+                out[node] = [tree["split_conditions"][node]]
+            else:
+                j = tree["right_children"][node]
+                out[node] = tree["leaf_weights"][j * width : (j + 1) * width]
+    return out
+
+
+@pytest.mark.parametrize("data", [_regression, _binary, _multiclass])
+def test_the_leaf_refit_with_exact_sums_is_xgboosts_own_leaves(data, monkeypatch):
+    """The refit's gradients, hessians and margins are XGBoost's: with the exact sums in place of
+    the released ones it gives back every leaf XGBoost grew (float32), for all three objectives
+    (the binary and softmax hessians, the min_child_weight rule, trees in boosting order)."""
+    X, y, params = data()
+    _, booster = _sent_and_unstripped(X, y, params)
+    monkeypatch.setattr(trees, "released_leaf", _exact_leaf)
+    refit, margin = trees.release_leaves(booster, 0, xgb.DMatrix(X, label=y), y, params)
+
+    grown = _unstripped_trees(booster)
+    for before, after in zip(grown, _trees_of(refit), strict=True):
+        want, got = _leaf_values(before), _leaf_values(after)
+        assert want.keys() == got.keys()
+        for node in want:
+            np.testing.assert_allclose(got[node], want[node], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        margin, booster.predict(xgb.DMatrix(X), output_margin=True), atol=1e-5
+    )
+
+
+def _first_tree_leaf_rows(X, y, params) -> tuple[list[dict], dict[int, tuple[int, int]]]:
+    """The sent trees and, per leaf of the first one, its (rows, positives) on ``X``."""
+    sent, _ = _sent_and_unstripped(X, y, params)
+    one = trees.load_booster(sent, params)
+    leaves = np.asarray(one.predict(xgb.DMatrix(X), pred_leaf=True), dtype=int).reshape(len(y), -1)
+    counts = {}
+    for node in np.unique(leaves[:, 0]):
+        rows = leaves[:, 0] == node
+        counts[int(node)] = (int(rows.sum()), int(y[rows].sum()))
+    return _trees_of(sent), counts
+
+
+def _first_leaf(n: int, n1: int, b: float, params: dict, leaf=trees.released_leaf) -> float:
+    """A first binary tree's leaf over ``n`` rows with ``n1`` positives: every row predicts
+    ``b``, so g = b − y and h = b(1 − b)."""
+    g = np.array([b - 1.0] * n1 + [b] * (n - n1))
+    h = np.full(n, b * (1 - b))
+    return leaf(
+        g,
+        h,
+        eta=params["eta"],
+        reg_lambda=params["lambda"],
+        min_child_weight=params["min_child_weight"],
+        regression=False,
+    )
+
+
+def test_a_binary_sites_first_tree_leaves_give_back_only_released_counts():
+    """The attack: a first tree's leaf is ``−η (n·b − n₁)/(n·b(1 − b) + λ)`` with ``b``, ``η``,
+    ``λ`` known, so searching every (n, n₁) finds the leaf's exact rows and positives. On XGBoost's
+    own leaves the search finds them; on the sent leaves every count the released one allows
+    (all n' with the same released figure) reaches the sent value with some n₁', so the value
+    tells no more than the released count does."""
+    X, y, params = _binary()
+    b = params["base_score"]
+    sent, counts = _first_tree_leaf_rows(X, y, params)
+    values = _leaf_values(sent[0])
+    checked = 0
+    for node, (n, n1) in counts.items():
+        exact = _first_leaf(n, n1, b, params, leaf=_exact_leaf)
+        solutions = {
+            (m, k)
+            for m in range(1, len(y) + 1)
+            for k in range(m + 1)
+            if abs(-params["eta"] * (m * b - k) / (m * b * (1 - b) + params["lambda"]) - exact)
+            <= 1e-12 * max(1.0, abs(exact))
+        }
+        assert solutions == {(n, n1)}  # the attack works on the exact leaf
+        value = values[node][0]
+        assert value == pytest.approx(_first_leaf(n, n1, b, params), abs=1e-12)
+        if n <= 7:
+            assert value == 0.0
+            continue
+        checked += 1
+        assert abs(value - exact) > 1e-9 or n % 5 == 0  # not XGBoost's float
+        for m in [m for m in range(max(1, n - 4), n + 5) if released(m) == released(n)]:
+            assert any(
+                _first_leaf(m, k, b, params) == pytest.approx(value, abs=1e-12)
+                for k in range(m + 1)
+            ), (n, n1, m)
+    assert checked >= 2
+
+
+def test_released_leaves_keep_the_model_close_to_xgboosts():
+    """What the release costs, on the rows the trees were grown on: the training loss of the
+    released leaves within 10 % of XGBoost's own for the two classification objectives."""
+    for data in (_binary, _multiclass):
+        X, y, params = data()
+        packed, loss, _ = trees.train_local(b"", X, y, params=params, local_rounds=3)
+        _, booster = _sent_and_unstripped(X, y, params)
+        own = trees._scores(booster, X, y, params)[0]
+        assert loss == pytest.approx(
+            trees.loss_and_accuracy(packed, X, y, params)[0], rel=1e-5
+        )  # the reported loss is the sent trees'
+        assert own <= loss <= own * 1.10, (data.__name__, own, loss)

@@ -287,6 +287,20 @@ def released(n: int) -> int:
     return (n + ROUNDING_BASE // 2) // ROUNDING_BASE * ROUNDING_BASE
 
 
+def released_floor(n: int) -> int:
+    """The smallest count that is released as :func:`released` releases ``n``
+    (``sandbox.profile.released_floor``): ``0`` for 0, ``1`` for 1–7, else the released figure
+    less 2 (``"≈115"`` is any of 113–117). A function of the released count alone; a fraction
+    over ``n`` rows snapped to a grid of ``1 / released_floor(n)`` holds for every count the
+    released one allows (ADR 0036, amendment). Raises ``ValueError`` for a negative ``n``."""
+    shown = released(n)
+    if shown == 0:
+        return 0
+    if n <= SMALL_COUNT:
+        return 1
+    return max(shown - ROUNDING_BASE // 2, 0)
+
+
 @dataclass(frozen=True)
 class FeaturePlan(_Record):
     """How one feature enters the model: its ``kind`` (``FEATURE_KINDS``), its ``missing`` rule

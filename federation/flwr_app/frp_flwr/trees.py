@@ -32,6 +32,13 @@ shape; covers that add up keep XGBoost's SHAP values defined, all-0 covers would
 :func:`check_reply` refuses a reply whose statistics are not those. Cover- and gain-based
 importances (``get_score(importance_type="cover"/"gain")``) of a federated model say nothing.
 
+The leaf values themselves are released values (ADR 0036, amendment): XGBoost's leaf
+``−η G/(H + λ)`` of a first ``binary:logistic`` tree is ``−η (n·b − n₁)/(n·b(1 − b) + λ)``, whose
+float gives the leaf's rows and positives back. :func:`release_leaves` refits every new tree's
+leaves, in boosting order, from the leaf's released count and its rows' mean gradient and hessian
+snapped to the grid the released count allows (:func:`released_leaf`); a leaf of 1–7 rows is 0.
+The splits are XGBoost's.
+
 Objectives: ``binary:logistic`` (two classes, ``base_score`` = the share of the second class among
 the sites' training labels as released, :func:`released_labels`), ``multi:softprob`` (three or more), ``reg:squarederror`` on the
 standardised target (``base_score`` 0, the pooled mean). Features are the prepared, standardised
@@ -49,7 +56,7 @@ from collections.abc import Iterable
 import numpy as np
 from flwr.app import ArrayRecord, Message
 
-from frp_flwr.contract import ContractError, released
+from frp_flwr.contract import SMALL_COUNT, ContractError, released, released_floor
 from frp_flwr.models import XGBOOST_PARAMS
 
 #: The booster's bytes most a reply or the global model may hold (JSON, bytes).
@@ -291,9 +298,158 @@ def train_local(
     start = booster.num_boosted_rounds()
     for i in range(local_rounds):
         booster.update(data, start + i)
-    loss, _ = _scores(booster, X, y, params)
+    packed, margin = release_leaves(booster, start, data, y, params)
+    return packed, _margin_loss(margin, y, params), tree_count(packed)
+
+
+#: XGBoost's floor of a row's hessian (``kRtEps``/``eps`` of its logistic and softmax objectives).
+_HESSIAN_FLOOR = 1e-16
+
+
+def _gradients(margin: np.ndarray, y: np.ndarray, objective: str):
+    """Per-row gradient and hessian of XGBoost's ``objective`` at ``margin`` — ``(n,)`` each, or
+    ``(n, C)`` for ``multi:softprob`` — as its C++ objectives compute them:
+    ``reg:squarederror`` g = m − y, h = 1; ``binary:logistic`` p = σ(m), g = p − y,
+    h = max(p(1 − p), ε); ``multi:softprob`` p = softmax(m), g = p − onehot(y),
+    h = max(2p(1 − p), ε) (``src/objective/regression_loss.h``, ``multiclass_obj.cu``)."""
+    if objective.startswith("reg:"):
+        return margin - y, np.ones_like(margin)
+    if objective == "binary:logistic":
+        p = 1.0 / (1.0 + np.exp(-margin))
+        return p - y, np.maximum(p * (1.0 - p), _HESSIAN_FLOOR)
+    shifted = np.exp(margin - margin.max(axis=1, keepdims=True))
+    p = shifted / shifted.sum(axis=1, keepdims=True)
+    onehot = np.zeros_like(p)
+    onehot[np.arange(len(y)), y.astype(int)] = 1.0
+    return p - onehot, np.maximum(2.0 * p * (1.0 - p), _HESSIAN_FLOOR)
+
+
+def _margin_loss(margin: np.ndarray, y: np.ndarray, params: dict) -> float:
+    """:func:`loss_and_accuracy`'s loss from raw margins: the mean squared error (regression),
+    else the mean cross-entropy in nats."""
+    if len(y) == 0:
+        return 0.0
+    objective = params["objective"]
+    if objective.startswith("reg:"):
+        return float(np.square(margin - y).mean())
+    if objective == "binary:logistic":
+        p1 = 1.0 / (1.0 + np.exp(-margin))
+        proba = np.column_stack([1.0 - p1, p1])
+    else:
+        shifted = np.exp(margin - margin.max(axis=1, keepdims=True))
+        proba = shifted / shifted.sum(axis=1, keepdims=True)
+    return float(-np.log(np.clip(proba[np.arange(len(y)), y.astype(int)], 1e-12, None)).mean())
+
+
+def released_leaf(
+    g: np.ndarray,
+    h: np.ndarray,
+    *,
+    eta: float,
+    reg_lambda: float,
+    min_child_weight: float,
+    regression: bool,
+):
+    """One leaf's value from what its rows' counts release: a float for ``g``, ``h`` of shape
+    ``(n,)`` (the rows' gradients and hessians, :func:`_gradients`), a ``(C,)`` array for
+    ``(n, C)`` (a vector leaf); 0 when the leaf holds 1–7 rows.
+
+    XGBoost's leaf is ``−η G / (H + λ)`` over the leaf's ``n`` rows (``G``, ``H`` the sums; 0
+    when ``H < min_child_weight``; XGBoost's ``CalcWeight``). For the first tree of
+    ``binary:logistic`` every row has the same prediction, so ``G = n·b − n₁`` and
+    ``H = n·b(1 − b)``: the float gives the leaf's rows ``n`` and positives ``n₁`` back to every
+    site and, after release, to every researcher (issue 9, hostile re-test; ADR 0036). Here
+    ``G``, ``H`` are ``r·ĝ``, ``r·ĥ``: ``r`` the released count (``contract.released``), ``ĝ``,
+    ``ĥ`` the rows' mean gradient and hessian snapped to the grid ``1 / L``,
+    ``L = released_floor(n)`` (classification: means of bounded per-row values, snapped as
+    ``released_fraction`` snaps a fraction over rows, so for the first tree every count the
+    released one allows reaches the value), or to 3 significant figures with ``ĥ = 1``
+    (``reg:squarederror``: a mean of measured residuals, the profile's rule). ``L ≤ 7`` (the
+    count shows "≤7") gives 0, the leaf that changes nothing."""
+    rows = len(g)
+    floor = released_floor(rows)
+    if floor <= SMALL_COUNT:
+        return np.zeros(g.shape[1]) if g.ndim == 2 else 0.0
+    r = float(released(rows))
+    if regression:
+        g_hat = np.asarray(float(f"{float(g.mean()):.3g}"))
+        h_hat = np.asarray(1.0)
+    else:
+        g_hat = np.round(g.mean(axis=0) * floor) / floor
+        h_hat = np.round(h.mean(axis=0) * floor) / floor
+    hessian = r * h_hat
+    kept = (hessian >= min_child_weight) & (hessian > 0)
+    value = np.where(kept, -eta * r * g_hat / np.where(kept, hessian + reg_lambda, 1.0), 0.0)
+    return value if g.ndim == 2 else float(value)
+
+
+def release_leaves(booster, start: int, data, y: np.ndarray, params: dict):
+    """The trees of boosting rounds ``start…`` of ``booster`` packed for bagging
+    (:func:`pack_trees`) with every leaf's value replaced by :func:`released_leaf`'s, and the
+    training rows' margins under the global booster plus those trees — ``(JSON bytes, margins
+    (n,) or (n, C))``.
+
+    The leaves are refitted tree by tree in boosting order (XGBoost's ``refresh`` updater does
+    the same with exact sums): the rows of each leaf (``pred_leaf``) with their gradients and
+    hessians at the margins of the global booster and the trees refitted before it. The
+    structure (splits) is the one XGBoost grew. Raises ``ContractError`` on a tree that is not
+    XGBoost's JSON."""
     packed = pack_trees(booster, start)
-    return packed, loss, tree_count(packed)
+    doc = json.loads(packed)
+    model = _model(doc)
+    trees = model["trees"]
+    if not trees:
+        return packed, np.asarray(booster.predict(data, output_margin=True), dtype=np.float64)
+    # pred_leaf takes only ranges from 0: every tree's leaf, the new trees' the last columns
+    leaves = np.asarray(booster.predict(data, pred_leaf=True), dtype=np.int64).reshape(len(y), -1)
+    leaves = leaves[:, leaves.shape[1] - len(trees) :]
+    margin = np.asarray(booster.predict(data, output_margin=True), dtype=np.float64)
+    width = max(1, int(trees[0]["tree_param"]["size_leaf_vector"]))
+
+    def values(tree: dict) -> np.ndarray:  # node → its leaf value (row of width), 0 inside
+        out = np.zeros((len(tree["left_children"]), width))
+        for node, left in enumerate(tree["left_children"]):
+            if left != -1:
+                continue
+            if width == 1:
+                out[node, 0] = float(tree["split_conditions"][node])
+            else:
+                j = int(tree["right_children"][node])
+                out[node] = tree["leaf_weights"][j * width : (j + 1) * width]
+        return out
+
+    original = [values(tree) for tree in trees]
+    for t in range(len(trees)):  # the global booster's margins: less every new tree's leaf
+        step = original[t][leaves[:, t]]
+        margin = margin - (step[:, 0] if margin.ndim == 1 else step)
+    objective = params["objective"]
+    eta, reg_lambda = float(params["eta"]), float(params["lambda"])
+    min_child_weight = float(params["min_child_weight"])
+    for t, tree in enumerate(trees):
+        g, h = _gradients(margin, y, objective)
+        new = np.zeros_like(original[t])
+        for node in np.unique(leaves[:, t]):
+            rows = leaves[:, t] == node
+            new[node] = released_leaf(
+                g[rows],
+                h[rows],
+                eta=eta,
+                reg_lambda=reg_lambda,
+                min_child_weight=min_child_weight,
+                regression=objective.startswith("reg:"),
+            )
+        for node, left in enumerate(tree["left_children"]):
+            if left != -1:
+                continue
+            if width == 1:
+                tree["split_conditions"][node] = float(new[node, 0])
+            else:
+                j = int(tree["right_children"][node])
+                tree["leaf_weights"][j * width : (j + 1) * width] = [float(v) for v in new[node]]
+        step = new[leaves[:, t]]
+        margin = margin + (step[:, 0] if margin.ndim == 1 else step)
+    strip_statistics(model)
+    return json.dumps(doc).encode(), margin
 
 
 def predict_proba(raw: bytes, X: np.ndarray, params: dict) -> np.ndarray:
