@@ -198,14 +198,18 @@ def test_the_serverapp_never_held_a_sites_update(jobs, secagg_world):
     truth = _true_updates(w, secure, frames)
     assert sorted(truth) == list(range(1, ROUNDS + 1))
     assert all(set(sites) == set(SITES) for sites in truth.values())
-    # The recomputation is right: each next global model is the example-weighted mean.
+    # The recomputation is right: each next global model is the mean weighted by the sites'
+    # training examples as released (ADR 0036, amendment: what every site receives).
     finals = [np.asarray(a) for a in jobs[5][secure.pk]]
     for rnd, sites in truth.items():
         nxt = truth[rnd + 1][SITES[0]][0] if rnd < ROUNDS else finals
-        total = sum(n for _, _, n in sites.values())
+        total = sum(contract.released(n) for _, _, n in sites.values())
         for k, layer in enumerate(nxt):
             start = sites[SITES[0]][0][k]
-            mean = sum(n * (local[k] - s[k]) for s, local, n in sites.values()) / total
+            mean = (
+                sum(contract.released(n) * (local[k] - s[k]) for s, local, n in sites.values())
+                / total
+            )
             np.testing.assert_allclose(layer, start + mean, atol=1e-4)
     vectors = _reply_vectors(w, secure)
     assert len(vectors) >= ROUNDS * len(SITES)  # masked vectors (+ factor) of every round

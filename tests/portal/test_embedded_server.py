@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,7 @@ def server(tmp_path_factory):
         "FRP_VAR_DIR": str(var),
         "DATABASE_URL": f"sqlite:///{var / 'portal.sqlite3'}",
         "DJANGO_SETTINGS_MODULE": "portal.settings",
+        "FRP_HEADER_TIMEOUT": "3",
     }
     proc = subprocess.Popen(  # noqa: S603 (the portal's own command)
         [sys.executable, "manage.py", "serve", "--bind", f"fd://{held.fileno()}"],
@@ -129,6 +131,54 @@ def test_a_body_declared_larger_than_the_limit_is_refused_unread(server):
         "GET /static/portal/portal.css HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
     )
     assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+
+
+def test_slow_clients_cannot_hold_the_servers_threads(server):
+    """Slowloris (hostile re-test A1): twice as many connections as the server has threads, each
+    sending a request whose headers never end, a byte at a time. Each is closed once its headers
+    are late (``FRP_HEADER_TIMEOUT``, 3 s here), and a normal request is answered meanwhile;
+    gunicorn's own gthread worker held every thread for as long as the bytes kept coming."""
+    _, port = server
+    slow = []
+    for _ in range(16):
+        conn = socket.create_connection(("127.0.0.1", port), timeout=60)
+        conn.sendall(b"GET /static/portal/portal.css HTTP/1.1\r\nHost: localhost\r\n")
+        slow.append(conn)
+    done = threading.Event()
+    closed: set[int] = set()
+
+    def trickle():  # the attack's pace: one more byte of a header line that never ends
+        while not done.is_set():
+            for i, conn in enumerate(slow):
+                if i not in closed:
+                    try:
+                        conn.sendall(b"X")
+                    except OSError:
+                        closed.add(i)
+            done.wait(0.5)
+
+    attacker = threading.Thread(target=trickle, daemon=True)
+    attacker.start()
+    try:
+        reply = _request(
+            port,
+            "GET /static/portal/portal.css HTTP/1.1\r\nHost: localhost\r\n"
+            "Connection: close\r\n\r\n",
+            timeout=90,
+        )
+        assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+        for conn in slow:  # the server ended every slow request (closed, or an error status)
+            conn.settimeout(90)
+            try:
+                data = _read_response(conn)
+            except ConnectionResetError:
+                data = b""
+            assert data == b"" or data.startswith(b"HTTP/1.1 4"), data[:200]
+    finally:
+        done.set()
+        attacker.join(timeout=10)
+        for conn in slow:
+            conn.close()
 
 
 def _drain(conn: socket.socket) -> bytes:

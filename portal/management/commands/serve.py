@@ -6,7 +6,9 @@ a request that is answered without its body being read (a body larger than the p
 ``portal.middleware.BodyLimitMiddleware``) closes its connection instead of the server reading
 the rest to find the next request. Django's development server, which ``run.sh`` used before,
 read every unread body into memory at the end of its request: an anonymous 1.5 GB POST grew it
-by 1.1 GB and held it (issue 9, hostile re-test A).
+by 1.1 GB and held it (issue 9, hostile re-test A). The worker is gunicorn's ``gthread`` with a
+deadline on each request's headers (``portal.embedded_server``, ``FRP_HEADER_TIMEOUT``): slow
+clients cannot hold its threads (slowloris).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def gunicorn_argv(bind: str, *, threads: int = 8) -> list[str]:
         "--workers",
         "1",
         "--worker-class",
-        "gthread",
+        "portal.embedded_server.HeaderDeadlineWorker",  # gthread, headers within a deadline
         "--threads",
         str(threads),
         "--keep-alive",
