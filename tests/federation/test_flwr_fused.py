@@ -13,6 +13,7 @@ and scored by each site's ``evaluate`` handler.
 from __future__ import annotations
 
 import itertools
+import json
 import uuid
 from dataclasses import replace
 
@@ -465,3 +466,29 @@ def test_the_coalition_models_a_site_receives_give_only_released_training_counts
                 released(n_a) / (released(n_a) + released(n_b)), abs=1e-9
             ), (players[a], players[b])
             assert abs(num / den - n_a / (n_a + n_b)) > 1e-4  # the exact ratio is not there
+
+
+def test_a_label_rare_at_every_site_is_never_sent_and_its_rows_are_left_out(monkeypatch):
+    """Hostile re-test of issue 9 (F2): a site's labels held by one row each (an identifier used
+    as a label) reached every site in each message's config and the portal in the finished
+    event. A label is named only where some site holds more than ``small_count`` (7) rows of it,
+    as a feature's categories are; the rows of one rare everywhere are dropped at their site."""
+    from tests.federation import test_flwr_trust
+
+    X, y = test_flwr_trust.TABLES["hospital-c"]
+    y = y.copy().astype(object)
+    y[:3] = ["PATIENT-1000", "PATIENT-1001", "PATIENT-1002"]
+    monkeypatch.setitem(test_flwr_trust.TABLES, "hospital-c", (X, y))
+    cfg = _cfg(rounds=1)
+
+    portal, grid = _run(cfg)
+
+    sent = json.dumps([{k: str(v) for k, v in c.items()} for c in grid.configs])
+    assert "PATIENT" not in sent  # in no config any site received
+    (finished,) = portal.of("finished")
+    assert finished.classes == ["no", "yes"]
+    for event in portal.events:  # nothing the portal received names them
+        assert "PATIENT" not in json.dumps(event.to_json()), event.name
+    (started,) = portal.of("started")
+    c = started.preparation.sites["hospital-c"]
+    assert c.dropped_rows == 3 and c.train_rows + c.test_rows == ROWS["hospital-c"] - 3

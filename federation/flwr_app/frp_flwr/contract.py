@@ -714,7 +714,8 @@ def _optional(reader):
 class SitePreparation(_Record):
     """What one site did to its rows before training: ``rows`` in its dataset version,
     ``dropped_target`` (no target value), ``dropped_rows`` (a missing cell in a feature whose
-    rule is "drop"), ``train_rows``/``test_rows`` kept, and per feature the cells imputed."""
+    rule is "drop", or a label held by at most ``small_count`` rows at every site, which is never
+    named), ``train_rows``/``test_rows`` kept, and per feature the cells imputed."""
 
     rows: int = 0
     dropped_target: int = 0

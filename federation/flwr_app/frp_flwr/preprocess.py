@@ -536,11 +536,16 @@ class Prepared:
 def transform(frame: SiteFrame, fitted: Fitted, part: str, *, standardise: bool = True) -> Prepared:
     """The ``part`` (``"train"`` or ``"test"``) rows of ``frame`` under ``fitted`` (module doc).
 
-    Raises ``PreprocessError`` for a label outside ``fitted.classes`` or a non-finite result.
+    Rows whose label is not among ``fitted.classes`` (a label held by at most ``small_count``
+    rows at every site: never named, ServerApp) are dropped with the rows a ``drop`` rule drops.
+    Raises ``PreprocessError`` for a non-finite result.
     """
     rows = frame.train if part == "train" else frame.test
     n = len(rows)
     blocks, drop, imputed = [], np.zeros(n, dtype=bool), {}
+    if fitted.task == "classification":
+        named = set(fitted.classes)
+        drop |= np.array([v not in named for v in frame.y[rows].tolist()], dtype=bool)
     for f in fitted.features:
         column = frame.values[f.name][rows]
         missing = _missing_mask(column)

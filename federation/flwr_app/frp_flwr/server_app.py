@@ -943,10 +943,23 @@ def prepare(
     summaries = [site_reply[s][1] for s in sorted(active)]
     classes: list[str] = []
     if spec.task == "classification":
-        classes = sort_classes({c for s in active for c in site_reply[s][0].labels})
+        # Every site receives the classes (in each message's config) and the portal shows them:
+        # a label is named only where some site holds more than small_count rows of it, as a
+        # feature's categories are (issue 9, hostile re-test: a one-row label reached every
+        # site). Rows of a label rare at every site are dropped where they are (transform).
+        classes = sort_classes(
+            {
+                label
+                for s in active
+                for label, rows in site_reply[s][1].labels.items()
+                if rows > spec.small_count
+            }
+        )
         if len(classes) < 2:
             raise JobFailed(
-                f"the target has {len(classes)} class(es) across all sites; need 2 or more"
+                f"the target has {len(classes)} class(es) held by more than {spec.small_count} "
+                "rows at some site; need 2 or more (a label held by fewer rows at every site is "
+                "never named, and its rows are left out)"
             )
     grids = quantile_grids(spec, summaries)
     quantiles = None
