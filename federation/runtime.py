@@ -334,6 +334,7 @@ def start(
             state.logs["gateway-access"] = gw.access_log
         if node_auth:
             state.node_ids = register_nodes(state, sites)
+        wait_for_stale_nodes(state)
         for site in sites:
             start_supernode(state, site)
     except Exception:
@@ -604,27 +605,70 @@ def marked_processes(root: str | Path) -> list[int]:
     return found
 
 
+def wait_for_stale_nodes(state: FederationState, *, bound: float = 90.0) -> float:
+    """Wait until no node of the SuperLink just started counts as online; returns the seconds
+    waited (0.0 when none did, or the SuperLink did not answer within 30 s).
+
+    A SuperNode that ended without deactivating itself (killed, or its SuperLink gone first)
+    stays "online" in the SuperLink's database until its heartbeat lapses (``online_until``, two
+    heartbeat intervals: 60 s), and the SuperLink refuses to activate the same node meanwhile
+    (Flower error 2004: the SuperNode exits). No SuperNode of this root runs yet, so every node
+    online now is such a leftover. ``bound``: the most seconds waited."""
+    from datetime import UTC, datetime
+
+    deadline = time.monotonic() + 30.0
+    while True:
+        try:
+            nodes = superlink.nodes_list(control_connection(state))
+            break
+        except superlink.SuperLinkError:
+            if time.monotonic() >= deadline:
+                return 0.0
+            time.sleep(0.5)
+    until = max(
+        (n.online_until for n in nodes if n.status == "online" and n.online_until), default=None
+    )
+    if until is None:
+        return 0.0
+    wait = min(max((until - datetime.now(UTC)).total_seconds() + 1.0, 0.0), bound)
+    if wait:
+        print(
+            f"A SuperNode of the last run did not sign off; waiting {wait:.0f} s until the "
+            "SuperLink counts it offline.",
+            file=sys.stderr,
+            flush=True,
+        )
+        time.sleep(wait)
+    return wait
+
+
 def stop(state: FederationState, *, timeout: float = 10.0) -> None:
     """Stop every process of ``state``: the SuperNodes, the Fleet gateway and the SuperLink (SIGTERM
     to each process group, then SIGKILL after ``timeout`` s); then the same to every process still
     carrying the federation's mark (``marked_processes``), such as a ServerApp whose SuperExec ran
-    in a session of its own."""
+    in a session of its own.
+
+    The SuperNodes go first, and the SuperLink only once they have ended: a SuperNode that exits
+    on SIGTERM deactivates itself at the SuperLink, which must still answer. A node stopped
+    with the SuperLink stayed "online" in its database for two heartbeat intervals (60 s), and
+    the same SuperNode started again within them was refused ("could not be activated", Flower
+    error 2004): a second ``./run.sh`` right after ``--exit-after-job`` had no site connected."""
     gateway = [state.gateway_pid] if state.gateway_pid else []
-    pids = [*state.supernodes.values(), *gateway, state.superlink_pid]
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for pid in pids:
-        while _alive(pid) and time.monotonic() < deadline:
+    for group in (list(state.supernodes.values()), [*gateway, state.superlink_pid]):
+        for pid in group:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for pid in group:
+            while _alive(pid) and time.monotonic() < deadline:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+                time.sleep(0.1)
+            if _alive(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
-            time.sleep(0.1)
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
     _end_marked(state.root, timeout)
     path = Path(state.root) / "federation.json"
     if path.exists():

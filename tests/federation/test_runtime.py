@@ -142,3 +142,48 @@ def test_stop_ends_a_process_that_escaped_every_process_group(tmp_path):
         for pid in (orphan, bystander):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("ended", ["stopped", "killed"])
+def test_a_federation_started_again_at_once_has_its_supernode_activated(tmp_path, ended):
+    """A second ``./run.sh`` right after ``--exit-after-job`` had no site connected (hostile
+    re-test F3): the SuperLink was stopped with the SuperNodes, so they could not deactivate,
+    and it refused the same SuperNodes started again while their old activation was "online"
+    (Flower error 2004, for two heartbeat intervals). ``stop`` ends the SuperNodes first; a
+    SuperNode killed outright (no sign-off) is waited out by ``start``."""
+    import signal
+    from datetime import UTC, datetime
+    from functools import partial
+
+    from federation import superlink
+
+    site = runtime.LocalSite(
+        site="hospital-x", store_url=f"file://{tmp_path / 'store'}", keyring=str(tmp_path / "k")
+    )
+    root = tmp_path / "federation"
+
+    def activated_since(state, when) -> bool:
+        try:
+            nodes = superlink.nodes_list(runtime.control_connection(state))
+        except superlink.SuperLinkError:
+            return False
+        return any(
+            n.status == "online" and n.last_activated_at and n.last_activated_at >= when
+            for n in nodes
+        )
+
+    for attempt in range(2):  # the second start reuses the root: its database, its node keys
+        began = datetime.now(UTC).replace(microsecond=0)
+        state = runtime.start(root, [site])
+        try:
+            assert _wait(partial(activated_since, state, began), bound=180), (
+                attempt,
+                superlink.nodes_list(runtime.control_connection(state)),
+            )
+            assert runtime._alive(state.supernodes["hospital-x"])
+            if ended == "killed" and attempt == 0:
+                os.killpg(state.supernodes["hospital-x"], signal.SIGKILL)
+        finally:
+            runtime.stop(state)
