@@ -491,16 +491,26 @@ def _wait_port_in(netns: str, port: int, timeout: float, proc: subprocess.Popen,
 
 def _end_group(pid: int, timeout: float) -> None:
     """SIGTERM to ``pid``'s process group, SIGKILL when it has not ended within ``timeout`` s."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGTERM)
+    _end_groups([pid], timeout)
+
+
+def _end_groups(pids: list[int], timeout: float) -> None:
+    """SIGTERM to each of ``pids``' process groups at once, then SIGKILL to those whose leader
+    has not ended within ``timeout`` s (one deadline for all); reaps the ones that are ours."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
+    for pid in pids:
+        while _alive(pid) and time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            time.sleep(0.1)
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
-        time.sleep(0.1)
-    if _alive(pid):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
 
 
 _NODE_ID_RE = re.compile(rb"SuperNode ID: (\d+)")
@@ -654,21 +664,8 @@ def stop(state: FederationState, *, timeout: float = 10.0) -> None:
     the same SuperNode started again within them was refused ("could not be activated", Flower
     error 2004): a second ``./run.sh`` right after ``--exit-after-job`` had no site connected."""
     gateway = [state.gateway_pid] if state.gateway_pid else []
-    for group in (list(state.supernodes.values()), [*gateway, state.superlink_pid]):
-        for pid in group:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for pid in group:
-            while _alive(pid) and time.monotonic() < deadline:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)
-                time.sleep(0.1)
-            if _alive(pid):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
+    _end_groups(list(state.supernodes.values()), timeout)
+    _end_groups([*gateway, state.superlink_pid], timeout)
     _end_marked(state.root, timeout)
     path = Path(state.root) / "federation.json"
     if path.exists():

@@ -128,7 +128,7 @@ def _round(grid, nodes, **kw):
         arrays=ArrayRecord([a.copy() for a in GLOBAL]),
         fit_config={"server-round": 1, "preprocess": "{}"},
         rnd=1,
-        max_examples=200,
+        max_examples=kw.pop("max_examples", 200),
         timeout=5.0,
         poll=0.001,
         on_reply=lambda node, reply: logged.append((node, reply)),
@@ -174,17 +174,7 @@ def test_sites_weigh_by_released_counts_and_receive_only_the_largest_released(mo
     for node, rows in exact.items():
         monkeypatch.setitem(SITES, node, (rows, SITES[node][1]))
     grid = _SetupGrid(SITES)
-    outcome = secure_train_round(
-        grid,
-        params=SecAggParams(),
-        active={f"site-{n}": n for n in SITES},
-        arrays=ArrayRecord([a.copy() for a in GLOBAL]),
-        fit_config={"server-round": 1, "preprocess": "{}"},
-        rnd=1,
-        max_examples=198,
-        timeout=5.0,
-        poll=0.001,
-    )
+    outcome, _ = _round(grid, list(SITES), max_examples=198)
     assert outcome.errors == {}
     assert set(grid.max_weight) == set(SITES) and set(grid.max_weight.values()) == {200.0}
     weights = {11: 45, 22: 100, 33: 4}
