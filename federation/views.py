@@ -379,8 +379,14 @@ def job_model_card(request, pk: int):
         return response
     release = getattr(job, "release", None)
     released = release is not None and release.status == ReleaseStatus.APPROVED
+    rows = (card.get("metrics") or {}).get("eval_examples")
+    # the sum of the sites' released counts: shown as approximate, as on the job page
+    starts_with_number = str(rows)[:1].isdigit() and rows not in (0, "0")
+    examples = f"≈{rows}" if rows is not None and starts_with_number else rows
     return render(
-        request, "federation/model_card.html", {"job": job, "card": card, "released": released}
+        request,
+        "federation/model_card.html",
+        {"job": job, "card": card, "released": released, "examples_shown": examples},
     )
 
 

@@ -274,3 +274,12 @@ def test_model_card_gives_the_fitted_preprocessing_only_once_the_airlock_release
     assert before["preprocessing"] == {"plans": fitted_job.preprocessing}
     assert _count_ratios_in(json.dumps(before)) == []
     assert after["preprocessing"] == FITTED
+
+
+def test_the_model_card_page_shows_the_pooled_rows_as_approximate(client, job):
+    """Hostile re-test F4: the page showed "Examples 115" (a sum of released counts) as if exact."""
+    client.force_login(job.submitted_by)
+
+    page = client.get(f"/jobs/{job.pk}/model-card/").content.decode()
+
+    assert "≈50 + ≤7" in page
