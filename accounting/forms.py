@@ -105,7 +105,9 @@ class BaseCreditFormSet(forms.BaseFormSet):
             form = forms_by_row[i]
             for field, messages in fields.items():
                 for message in messages:
-                    form.add_error(field if field in form.fields else None, message)
+                    # the id is a hidden field: its message goes on the row itself
+                    shown = field in form.fields and not form.fields[field].widget.is_hidden
+                    form.add_error(field if shown else None, message)
         if exc.errors:
             self._non_form_errors = self.error_class(
                 list(self.non_form_errors()) + list(exc.errors)

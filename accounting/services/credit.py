@@ -102,6 +102,7 @@ def _clean_rows(rows: Sequence[Mapping], existing: Mapping[int, CreditContributo
     row_errors: dict[int, dict[str, list[str]]] = {}
     cleaned: list[dict] = []
     seen_names: dict[str, int] = {}
+    seen_ids: dict[int, int] = {}
 
     def err(i: int, field: str, msg: str) -> None:
         row_errors.setdefault(i, {}).setdefault(field, []).append(msg)
@@ -110,6 +111,12 @@ def _clean_rows(rows: Sequence[Mapping], existing: Mapping[int, CreditContributo
         pk = row.get("id")
         if pk is not None and pk not in existing:
             err(i, "id", "This contributor is not part of the statement.")
+        elif pk is not None and pk in seen_ids:
+            # two rows naming one stored contributor: the second overwrote the first, and the
+            # contributor it replaced was removed unseen (hostile re-test F5)
+            err(i, "id", f"The same contributor as row {seen_ids[pk] + 1}: reload the page.")
+        elif pk is not None:
+            seen_ids[pk] = i
         name = " ".join(str(row.get("name") or "").split())
         if not name:
             err(i, "name", "Give the contributor's name.")
@@ -172,7 +179,7 @@ def credit_statement_update(
     Raises ``PermissionDenied`` unless ``can(by, "credit.edit", statement.job)``, and
     ``CreditError`` (nothing written) for: no contributors, an empty, over-long or repeated name,
     an unknown kind, no role or an unknown role slug, a share outside [0, 1], shares summing to
-    more than 1, an ``id`` of another statement.
+    more than 1, an ``id`` of another statement or of another row.
     """
     job = statement.job
     if not can(by, "credit.edit", job):

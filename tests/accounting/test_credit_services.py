@@ -280,6 +280,12 @@ def _attempt(world, statement, mutate):
             "id",
             "This contributor is not part of the statement.",
         ),
+        (  # hostile re-test F5: the first row's contributor was removed unseen
+            lambda r: r[1].update(id=r[0]["id"]),
+            1,
+            "id",
+            "The same contributor as row 1: reload the page.",
+        ),
     ],
 )
 def test_update_invalid_row_rejected_nothing_written(scored, mutate, row, field, message):

@@ -477,3 +477,19 @@ def test_statement_shows_energy_and_emissions_per_site_summed_over_runs(world):
         "Energy and emissions: 1.750 kWh, 350 gCO2e "
         "(site-a 0.750 kWh, 150 gCO2e; site-b 1.000 kWh, 200 gCO2e)\n"
     )
+
+
+def test_edit_post_two_rows_of_one_contributor_refused_and_said(world):
+    """Hostile re-test F5: a second row carrying the first row's id overwrote it, and the
+    contributor it had replaced vanished from the statement; now refused, said on the row."""
+    statement = credit_statement_draft(job=world.job)
+    before = list(statement.contributors.order_by("position").values_list("pk", "name"))
+    data = _form_data(statement)
+    data["c-1-id"] = data["c-0-id"]
+
+    response = _client(world, "grace").post(_url(world, "edit/"), data)
+
+    assert response.status_code == 200
+    content = html.unescape(response.content.decode())
+    assert "The same contributor as row 1: reload the page." in re.split(r'data-row="', content)[2]
+    assert list(statement.contributors.order_by("position").values_list("pk", "name")) == before
