@@ -34,11 +34,14 @@ t0=$(date +%s)
 
 step "Installing into .venv (Python: $($PYTHON --version); log: $VAR/logs/install.log)"
 mkdir -p "$VAR/logs"
-[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 # Progress, not minutes of silence: one line per package pip fetches or builds; the full log is kept;
-# and a line every 20 s while pip is quiet (unpacking and installing a few hundred MB of wheels).
+# and a line every 20 s while the venv is created or pip is quiet (unpacking a few hundred MB).
 ( while sleep 20; do echo "    ... still installing ($(( $(date +%s) - t0 )) s)"; done ) &
 ticker=$!
+if [ ! -x .venv/bin/python ]; then
+  echo "    creating the virtual environment .venv"
+  "$PYTHON" -m venv .venv || { kill "$ticker"; echo "could not create .venv with $PYTHON" >&2; exit 1; }
+fi
 if ! { .venv/bin/python -m pip install --upgrade pip && .venv/bin/python -m pip install -e .; } 2>&1 \
     | tee "$VAR/logs/install.log" \
     | { grep --line-buffered -E '^(Collecting|Building|Installing collected|Successfully installed)' \
