@@ -392,8 +392,9 @@ def release_leaves(booster, start: int, data, y: np.ndarray, params: dict):
     The leaves are refitted tree by tree in boosting order (XGBoost's ``refresh`` updater does
     the same with exact sums): the rows of each leaf (``pred_leaf``) with their gradients and
     hessians at the margins of the global booster and the trees refitted before it. The
-    structure (splits) is the one XGBoost grew. Raises ``ContractError`` on a tree that is not
-    XGBoost's JSON."""
+    structure (splits) is the one XGBoost grew. ``data``: the ``DMatrix`` of the training rows
+    ``(n, d)``, ``y`` their labels ``(n,)`` (class indices, or the standardised target). Raises
+    ``KeyError``/``IndexError`` only on a booster whose JSON is not XGBoost's own."""
     packed = pack_trees(booster, start)
     doc = json.loads(packed)
     model = _model(doc)
