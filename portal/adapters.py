@@ -30,6 +30,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.shortcuts import redirect, render
+from django.utils.translation import gettext_lazy as _
 
 from portal.models import IdentityProvider, IdPProtocol, Role
 
@@ -50,8 +51,39 @@ def sso_email_trusted(idp: IdentityProvider, email: str, *, idp_says_verified: b
 class AccountAdapter(DefaultAccountAdapter):
     """Accounts are onboarded by institutions; open self-sign-up only when ``FRP_OPEN_SIGNUP``."""
 
+    #: allauth's own messages, with the way out of a sign-in lock said: the lock counts failures
+    #: per account (anyone can set it off by failing to sign in as someone), and allauth lifts it
+    #: when the account's password is reset (``_delete_login_attempts_cached_email``), which
+    #: needs the account's mailbox.
+    error_messages = {
+        **DefaultAccountAdapter.error_messages,
+        "too_many_login_attempts": _(
+            "Too many failed sign-in attempts for this account or from your network. Try again "
+            "in a few minutes, or reset your password (Forgot your password?): a completed reset "
+            "lifts the lock at once."
+        ),
+    }
+
     def is_open_for_signup(self, request) -> bool:
         return settings.FRP_OPEN_SIGNUP
+
+
+def lift_sign_in_lock(sender, request, user, **kwargs) -> None:
+    """On allauth's ``password_reset`` signal: clear the failed-sign-in lock (``login_failed``)
+    of every name ``user`` signs in with — username, ``user.email`` and each address of theirs.
+
+    allauth clears it for the account's ``EmailAddress`` rows only, so an account locked by
+    failures under its *username* stayed locked after its owner reset the password (issue 9,
+    F6). The key is allauth's own (``_get_login_attempts_cache_key`` through
+    ``_delete_login_attempts_cached_email``), so it follows allauth's format."""
+    from allauth.account.adapter import get_adapter
+    from allauth.account.models import EmailAddress
+
+    adapter = get_adapter(request)
+    names = {user.get_username(), user.email or ""}
+    names |= set(EmailAddress.objects.filter(user_id=user.pk).values_list("email", flat=True))
+    for name in sorted(n for n in names if n):
+        adapter._delete_login_attempts_cached_email(request, username=name)
 
 
 def _idp_for(sociallogin) -> IdentityProvider | None:

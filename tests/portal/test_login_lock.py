@@ -1,0 +1,79 @@
+"""The sign-in lock and its way out (issue 9, hostile finding F6).
+
+allauth counts failed sign-ins per account (``login_failed``: 5 in 5 minutes by default), so
+anyone who knows a username can lock its owner out by failing to sign in as them. The lock is
+kept (it is what stops a password being guessed from many addresses); its owner gets out at once
+by resetting the password, which needs the account's mailbox — and the message on the sign-in
+page says so. Through the real views, cache and mail outbox.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.core import mail
+from django.core.cache import cache
+
+from tests.factories import UserFactory
+
+pytestmark = pytest.mark.django_db
+
+PASSWORD = "correct horse battery 42"
+NEW_PASSWORD = "another horse battery 43"
+
+
+@pytest.fixture
+def victim():
+    cache.clear()
+    user = UserFactory(username="vera", email="vera@uni-a.example")
+    user.set_password(PASSWORD)
+    user.save()
+    yield user
+    cache.clear()
+
+
+def _login(client, login: str, password: str, ip: str):
+    return client.post("/accounts/login/", {"login": login, "password": password}, REMOTE_ADDR=ip)
+
+
+def test_a_locked_owner_is_told_the_way_out_and_a_password_reset_lets_them_in(client, victim):
+    # An attacker fails five times, from five addresses (the per-address limit is not reached)
+    for i in range(5):
+        response = _login(client, "vera", f"guess-{i}", ip=f"198.51.100.{i + 1}")
+        assert response.status_code == 200 and "_auth_user_id" not in client.session
+
+    # The owner, from their own address, with the right password: refused, told why and how out
+    response = _login(client, "vera", PASSWORD, ip="192.0.2.10")
+    page = response.content.decode()
+    assert "_auth_user_id" not in client.session
+    assert "Too many failed sign-in attempts" in page
+    assert "a completed reset lifts the lock at once" in page
+
+    # The way out: a password reset through the mailbox
+    response = client.post("/accounts/password/reset/", {"email": victim.email})
+    assert response.status_code == 302
+    assert len(mail.outbox) == 1
+    link = re.search(r"https?://[^/\s]+(/accounts/password/reset/key/\S+/)", mail.outbox[0].body)
+    assert link, mail.outbox[0].body
+    response = client.get(link.group(1))  # allauth moves the key into the session
+    assert response.status_code == 302
+    response = client.post(
+        response["Location"], {"password1": NEW_PASSWORD, "password2": NEW_PASSWORD}
+    )
+    assert response.status_code == 302
+
+    client.logout()
+    _login(client, "vera", NEW_PASSWORD, ip="192.0.2.10")
+    assert client.session.get("_auth_user_id") == str(victim.pk)
+
+
+def test_without_a_reset_the_lock_holds_even_for_the_right_password(client, victim):
+    """The lock is real (the test above is not vacuous): the right password does not pass it."""
+    for i in range(5):
+        _login(client, "vera", f"guess-{i}", ip=f"198.51.100.{i + 1}")
+    _login(client, "vera", PASSWORD, ip="192.0.2.11")
+    assert "_auth_user_id" not in client.session
+    cache.clear()  # the lock's five minutes, passed
+    _login(client, "vera", PASSWORD, ip="192.0.2.11")
+    assert client.session.get("_auth_user_id") == str(victim.pk)
