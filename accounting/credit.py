@@ -152,8 +152,9 @@ SHARE_BASIS = {
     "exact": "exact Shapley value over the whole run",
     "gtg": "GTG-Shapley value over the whole run",
     "data_volume": "data volume (training examples, from the row counts as released), as no "
-    "coalition model could be rebuilt "
-    "(secure aggregation hides individual updates; bagged trees, ADR 0023)",
+    "coalition model could be rebuilt or sent "
+    "(secure aggregation hides individual updates; bagged trees, ADR 0023; a data steward had not "
+    "opted in to Shapley values, ADR 0036)",
     "pi": "set by the principal investigator",
 }
 SHARE_BASIS_ORDER = ("exact", "gtg", "data_volume", "pi")

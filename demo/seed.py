@@ -238,6 +238,11 @@ def demo_seed(*, canary: str | None = None) -> Project:
             slug="breast-cancer",
             title="Breast cancer diagnostics",
         )
+        # The demo's stewards opt in to Shapley-value contribution (off by default, ADR 0036):
+        # the demo job shows each hospital's Shapley value.
+        sandbox_services.dataset_rules_set(
+            by=stewards[slug], dataset=dv.dataset, auto_release=False, shapley_opt_in=True
+        )
         request = sandbox_services.access_request_create(
             by=ada,
             dataset=dv.dataset,

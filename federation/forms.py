@@ -69,7 +69,11 @@ class DatasetChoiceField(ModelMultipleChoiceField):
             if site.institution_id in self.exact_for
             else disclosed(obj.row_count)
         )
-        return f"{obj.dataset.title} v{obj.version} · {site.name} ({site.institution.name}) · {rows} rows"
+        shapley = " · Shapley values allowed" if obj.dataset.shapley_opt_in else ""
+        return (
+            f"{obj.dataset.title} v{obj.version} · {site.name} ({site.institution.name}) · "
+            f"{rows} rows{shapley}"
+        )
 
 
 class JobSubmitForm(forms.Form):
@@ -84,7 +88,12 @@ class JobSubmitForm(forms.Form):
     datasets = DatasetChoiceField(
         queryset=None,
         widget=forms.CheckboxSelectMultiple,
-        help_text="Datasets your projects hold a valid grant for. Choose one per site, at least two.",
+        help_text="Datasets your projects hold a valid grant for. Choose one per site, at least "
+        "two. Contribution is measured as Shapley values only when every chosen dataset's data "
+        "steward allows it (marked “Shapley values allowed”); otherwise every site is "
+        "credited by data volume. With exactly two sites each can work out the other's model "
+        "update from the global model (FedAvg between two parties, ADR 0036): choose three or "
+        "more, or differential privacy, where that matters.",
     )
     target_column = forms.CharField(
         max_length=200, help_text="The column to predict; it must exist at every chosen site."
@@ -481,11 +490,12 @@ class JobSubmitForm(forms.Form):
         raw: dict = {"kind": kind}
         if kind == "mlp":
             text = (self.cleaned_data.get("mlp_hidden") or "").strip()
-            try:
-                hidden = [int(h) for h in text.split(",") if h.strip()] if text else None
-            except ValueError:
+            parts = [h.strip() for h in text.split(",") if h.strip()]
+            # ASCII digits only: int() also reads "٣٢" (Arabic-Indic) and "1_0" as numbers
+            if any(not (h.isascii() and h.isdigit()) for h in parts):
                 self.add_error("mlp_hidden", "Give whole numbers separated by commas, e.g. 64,32.")
                 return None
+            hidden = [int(h) for h in parts] if text else None
             if hidden is not None:
                 raw["hidden"] = hidden
             raw["activation"] = self.cleaned_data.get("mlp_activation") or "relu"

@@ -408,6 +408,14 @@ class FederatedJob(models.Model):
         blank=True,
         help_text="ε the job spends at the privacy settings' δ (accountant, at submission).",
     )
+    shapley_consent = models.BooleanField(
+        null=True,
+        blank=True,
+        help_text="Whether the data steward of every dataset the job trains on had opted in to "
+        "Shapley-value contribution when the job was last launched (sandbox.Dataset."
+        "shapley_opt_in, ADR 0036): the run then sends coalition models to the sites; otherwise "
+        "contribution is by data volume. Empty: not launched yet.",
+    )
     secure_aggregation = models.BooleanField(
         default=False,
         help_text="SecAgg+ (frp_flwr.secagg): the ServerApp sees only the sum of the sites' "

@@ -30,6 +30,7 @@ from federation.models import (
 from federation.runtime import LocalSite
 from frp_flwr.contract import SMALL_COUNT
 from portal.models import Membership, Project, ProjectMember, Role, Site
+from sandbox.selectors import shapley_not_opted_in as sandbox_shapley_not_opted_in
 from sandbox.selectors import stewarded_institution_ids
 from sandbox.sitestore import site_dir
 from sandbox.templatetags.sandbox_tags import disclosed, disclosed_sum
@@ -148,6 +149,14 @@ def job_detail(*, user, pk: int) -> FederatedJob:
         )
         .get(pk=pk)
     )
+
+
+def shapley_not_opted_in(*, job: FederatedJob) -> list[str]:
+    """Slugs of ``job``'s sites whose dataset's steward has not opted in to Shapley-value
+    contribution (``sandbox.selectors.shapley_not_opted_in``), sorted; ``[]`` when every one
+    has. The live setting: what the job's next launch will run under (``job.shapley_consent``
+    records what its last launch ran under). One query."""
+    return sandbox_shapley_not_opted_in(version_ids=job.sites.values("dataset_version_id"))
 
 
 def shown_count(count: int | None, *, exact: bool) -> int | str | None:

@@ -498,6 +498,12 @@ def _privacy_check(project, versions, privacy: dict | None, num_rounds: int):
 # ---------------------------------------------------------------------------------------------
 
 
+def _shapley_not_opted_in(job: FederatedJob) -> list[str]:
+    return sandbox_selectors.shapley_not_opted_in(
+        version_ids=job.sites.values("dataset_version_id")
+    )
+
+
 def job_run_config(job: FederatedJob) -> contract.RunConfig:
     """The Flower run config of ``job`` (``frp_flwr.contract.RunConfig``): job spec (sites →
     store keys), callback URL, hyper-parameters, the launch nonce. It reaches every SuperNode: no
@@ -540,6 +546,13 @@ def job_run_config(job: FederatedJob) -> contract.RunConfig:
         ),
         launch_nonce=job.launch_nonce,
         resume_round=job.resume_round,
+        # Coalition models reach every site (ADR 0036): only when every steward opted in, as
+        # recorded at launch (a job not launched yet: the datasets' settings now).
+        contribution=(
+            job.shapley_consent
+            if job.shapley_consent is not None
+            else not _shapley_not_opted_in(job)
+        ),
     )
 
 
@@ -613,8 +626,17 @@ def job_launch(*, job_id: int) -> FederatedJob:
         job.started_at = timezone.now()
         job.launch_nonce = secrets.token_hex(16)
         job.preempted_by = None  # it runs again: no longer shown as preempted
+        # The stewards' Shapley consent in force now is the one this run runs under (ADR 0036).
+        job.shapley_consent = not _shapley_not_opted_in(job)
         job.save(
-            update_fields=["status", "status_detail", "started_at", "launch_nonce", "preempted_by"]
+            update_fields=[
+                "status",
+                "status_detail",
+                "started_at",
+                "launch_nonce",
+                "preempted_by",
+                "shapley_consent",
+            ]
         )
         nonce = job.launch_nonce
         run_config = job_run_config(job).to_flower()

@@ -218,6 +218,10 @@ def job_detail(request, pk: int):
         "energy": selectors.job_energy(job=job) if job.started_at else [],
         "schedule_reason_text": REASONS.get(job.sched_reason, ""),
         "results": selectors.job_results(job=job, user=request.user),
+        # Before launch: the sites whose steward has not opted in to Shapley values (ADR 0036)
+        "shapley_missing": (
+            selectors.shapley_not_opted_in(job=job) if job.shapley_consent is None else []
+        ),
     }
     context.update(selectors.job_progress(job=job, user=request.user))
     return render(request, "federation/job_detail.html", context)

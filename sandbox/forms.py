@@ -215,3 +215,24 @@ class PrivacyBudgetForm(forms.Form):
         help_text="The total ε this project may spend on this dataset over all its differentially "
         "private jobs; a job that would exceed it is refused at submission. Empty: no budget.",
     )
+
+
+class DatasetRulesForm(forms.Form):
+    """A data steward's standing rules for one dataset: the airlock's automatic release and the
+    consent to Shapley-value contribution (``Dataset.auto_release``, ``Dataset.shapley_opt_in``)."""
+
+    auto_release = forms.BooleanField(
+        required=False,
+        label="Release models automatically",
+        help_text="Approve the release of models trained on this dataset without a manual "
+        "review in the airlock.",
+    )
+    shapley_opt_in = forms.BooleanField(
+        required=False,
+        label="Allow Shapley-value contribution",
+        help_text="A job measures each site's Shapley value by sending every site of the job the "
+        "model of each coalition of sites, the one trained on this dataset alone included: the "
+        "other sites of the job can then recover this site's model update, and from it facts "
+        "about its rows (ADR 0036). Off: jobs using this dataset credit every site by data volume "
+        "(training rows as released) and no coalition model is sent.",
+    )

@@ -16,6 +16,15 @@ class Dataset(models.Model):
         help_text="Airlock rule set by the data steward: approve model releases of jobs that "
         "trained on this dataset without a manual review.",
     )
+    shapley_opt_in = models.BooleanField(
+        default=False,
+        verbose_name="Shapley-value contribution",
+        help_text="Consent set by the data steward (ADR 0036): jobs training on this dataset may "
+        "measure each site's contribution as a Shapley value. That closing evaluation sends every "
+        "site of the job the model of every coalition of sites, including the model trained on "
+        "this dataset alone, so the other sites can recover this site's model update. A job in "
+        "which any dataset's steward has not opted in is credited by data volume instead.",
+    )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )

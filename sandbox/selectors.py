@@ -158,3 +158,14 @@ def budgets_for_requests(requests) -> dict[int, float]:
         project_id__in={p for p, _ in pairs}, dataset_id__in={d for _, d in pairs}
     ).values_list("project_id", "dataset_id", "epsilon")
     return {pairs[(p, d)]: eps for p, d, eps in rows if (p, d) in pairs}
+
+
+def shapley_not_opted_in(*, version_ids) -> list[str]:
+    """Site slugs, sorted, of the dataset versions ``version_ids`` (ids or a subquery of them)
+    whose dataset's steward has not opted in to Shapley-value contribution
+    (``Dataset.shapley_opt_in``, ADR 0036); ``[]`` when every one has. One query."""
+    return sorted(
+        DatasetVersion.objects.filter(
+            pk__in=version_ids, dataset__shapley_opt_in=False
+        ).values_list("dataset__site__slug", flat=True)
+    )

@@ -498,6 +498,38 @@ def _ledger_access(request: AccessRequest, *, decision: str) -> None:
         )
 
 
+@transaction.atomic
+def dataset_rules_set(*, by, dataset: Dataset, auto_release: bool, shapley_opt_in: bool) -> Dataset:
+    """A data steward of ``dataset``'s institution sets its standing rules: ``auto_release`` (the
+    airlock approves releases of models trained on it) and ``shapley_opt_in`` (jobs using it may
+    send coalition models to their sites to measure Shapley values, ADR 0036). A change is audited
+    and appended to the ledger (identifiers and the two flags only), so what a job ran under can
+    be proved later; a job records the consent in force when it is launched. Saving the same
+    values writes nothing. Raises ``AccessError`` for anyone who is not such a steward.
+    """
+    from portal.permissions import can
+
+    if not can(by, "access.decide", dataset):
+        raise AccessError("only a data steward of the dataset's institution sets its rules")
+    dataset = Dataset.objects.select_for_update().get(pk=dataset.pk)
+    before = {"auto_release": dataset.auto_release, "shapley_opt_in": dataset.shapley_opt_in}
+    after = {"auto_release": bool(auto_release), "shapley_opt_in": bool(shapley_opt_in)}
+    if before == after:
+        return dataset
+    dataset.auto_release, dataset.shapley_opt_in = after["auto_release"], after["shapley_opt_in"]
+    dataset.save(update_fields=["auto_release", "shapley_opt_in"])
+    audit_record(
+        by=by,
+        action="dataset.rules",
+        target=dataset,
+        institution=dataset.site.institution,
+        before=before,
+        after=after,
+    )
+    _ledger("dataset.rules", dataset=dataset.pk, site=dataset.site.slug, **after)
+    return dataset
+
+
 def _check_steward(by, request: AccessRequest) -> None:
     from portal.permissions import can
 

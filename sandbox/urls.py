@@ -9,6 +9,7 @@ urlpatterns = [
     path("datasets/", views.dataset_list, name="dataset_list"),
     path("datasets/upload/", views.dataset_upload, name="dataset_upload"),
     path("datasets/<int:pk>/", views.dataset_detail, name="dataset_detail"),
+    path("datasets/<int:pk>/rules/", views.dataset_rules, name="dataset_rules"),
     path("access-requests/", views.steward_queue, name="steward_queue"),
     path("access-requests/<int:pk>/decide/", views.request_decide, name="request_decide"),
     path("access-requests/<int:pk>/revoke/", views.grant_revoke, name="grant_revoke"),

@@ -19,7 +19,13 @@ from portal.middleware import own_body_limit
 from portal.models import Role
 from portal.permissions import can
 from sandbox import selectors, services
-from sandbox.forms import AccessRequestForm, DatasetUploadForm, DecisionForm, PrivacyBudgetForm
+from sandbox.forms import (
+    AccessRequestForm,
+    DatasetRulesForm,
+    DatasetUploadForm,
+    DecisionForm,
+    PrivacyBudgetForm,
+)
 from sandbox.models import AccessRequest, AccessStatus, Dataset
 
 
@@ -78,8 +84,36 @@ def dataset_detail(request, pk: int):
             # under the profile's disclosure rule (a 3-row dataset is "≤7 rows").
             "exact": dataset.site.institution_id
             in selectors.stewarded_institution_ids(user=request.user),
+            "rules_form": DatasetRulesForm(
+                initial={
+                    "auto_release": dataset.auto_release,
+                    "shapley_opt_in": dataset.shapley_opt_in,
+                }
+            )
+            if can(request.user, "access.decide", dataset)
+            else None,
         },
     )
+
+
+@login_required
+@require_POST
+def dataset_rules(request, pk: int):
+    """A data steward saves the dataset's standing rules (airlock auto-release, Shapley opt-in);
+    404 for a dataset that does not exist, 403 for anyone but its institution's stewards."""
+    dataset = get_object_or_404(Dataset.objects.select_related("site__institution"), pk=pk)
+    if not can(request.user, "access.decide", dataset):
+        raise PermissionDenied("Only the dataset's data stewards set its rules.")
+    form = DatasetRulesForm(request.POST)
+    form.is_valid()  # two check boxes: any body is valid (absent means off)
+    services.dataset_rules_set(
+        by=request.user,
+        dataset=dataset,
+        auto_release=form.cleaned_data.get("auto_release", False),
+        shapley_opt_in=form.cleaned_data.get("shapley_opt_in", False),
+    )
+    messages.success(request, "Dataset rules saved.")
+    return redirect("sandbox:dataset_detail", pk=pk)
 
 
 class _LimitedUploadHandler(TemporaryFileUploadHandler):

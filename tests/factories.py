@@ -105,6 +105,9 @@ class DatasetFactory(factory.django.DjangoModelFactory):
     site = factory.SubFactory(SiteFactory)
     slug = factory.Sequence(lambda n: f"dataset-{n}")
     title = factory.LazyAttribute(lambda d: d.slug.title())
+    # The test world's stewards opt in to Shapley values (most tests measure them); the product's
+    # default is off (ADR 0036), and the tests of that path set it so.
+    shapley_opt_in = True
 
 
 class DatasetVersionFactory(factory.django.DjangoModelFactory):

@@ -86,6 +86,9 @@ VOLUME_REASONS = {
     "each site's trees were grown on the residuals of a global model every site's earlier trees "
     "shaped, so a coalition's model cannot be rebuilt from the logged updates, and retraining "
     "without each site (leave-one-out) would cost a full run per site (ADR 0023)",
+    "no_opt_in": "the data steward of a dataset the job trained on had not opted in to Shapley "
+    "values, whose closing evaluation sends every site the model trained on each site's data "
+    "alone, so no coalition model was sent (ADR 0036)",
     "small_site": "a site evaluated on 1–7 held-out rows: a coalition's utility, the median of "
     "the sites' accuracies, may be that site's, which would say how many rows it holds (they "
     "show as ≤7), so no coalition utility can be released (issue 9)",
@@ -98,6 +101,8 @@ def volume_basis(job: FederatedJob) -> str:
         return "secure_aggregation"
     if job.model == "xgboost":
         return "tree_bagging"
+    if job.shapley_consent is False:
+        return "no_opt_in"
     if small_site(job.final_metrics.get("contribution")):
         return "small_site"
     return ""

@@ -23,6 +23,7 @@ from accounting.models import (
 from accounting.selectors.contribution import VOLUME_REASONS, volume_basis, whole_run_shares
 from federation.method import method_document
 from federation.models import FederatedJob, JobSite
+from federation.selectors import shapley_not_opted_in
 from frp_flwr.coalitions import EXACT_MAX_SITES
 from portal.models import ProjectMember, ProjectRole
 from portal.selectors import administered_institutions
@@ -302,12 +303,17 @@ def contribution_basis(*, job) -> dict:
     (``whole_run_shares``; ``measured`` true), else the one the job will get
     (``accounting.services.contribution``: data volume under secure aggregation or for bagged
     trees, exact Shapley for up to ``EXACT_MAX_SITES`` sites, GTG-Shapley above).
-    ``reason``: ``"secure_aggregation"`` or ``"tree_bagging"`` (keys of ``VOLUME_REASONS``),
+    ``reason``: ``"secure_aggregation"``, ``"tree_bagging"``, ``"no_opt_in"`` or ``"small_site"``
+    (keys of ``VOLUME_REASONS``; ``no_opt_in`` also before launch, from the datasets' settings),
     ``"all_coalitions"`` (exact) or ``"many_sites"`` (GTG). ``description`` is the sentence the
-    statement shows. One query when measured, two otherwise.
+    statement shows. One query when measured, up to three otherwise.
     """
     measured, shares = whole_run_shares(job=job)
-    hidden = volume_basis(job) or ("secure_aggregation" if job.secure_aggregation else "")
+    hidden = (
+        volume_basis(job)
+        or ("secure_aggregation" if job.secure_aggregation else "")
+        or ("no_opt_in" if job.shapley_consent is None and shapley_not_opted_in(job=job) else "")
+    )
     sites = len(shares) if measured else JobSite.objects.filter(job=job).count()
     method = measured or (
         "data_volume" if hidden else "exact" if sites <= EXACT_MAX_SITES else "gtg"

@@ -32,6 +32,7 @@ from portal.models import Institution, ProjectRole, Site
 from portal.services import project_create, project_member_add
 from sandbox import demo_data
 from sandbox import services as sandbox_services
+from sandbox.models import Dataset
 
 CANARY_TEXT = "CANARY-ZX81-7f3a9c"
 CANARY_NUMBER = "28.1122334455"  # planted as mean_radius of one row (the real maximum is 28.11)
@@ -180,6 +181,9 @@ def flower_world(
                 sandbox_services.access_request_approve(
                     by=steward, request=req, expires_at=timezone.now() + timedelta(days=1)
                 )
+                # The stewards opt in to Shapley values (off by default, ADR 0036): these worlds
+                # measure them; test_integration's opt-out job turns one off.
+                Dataset.objects.filter(pk=dv.dataset_id).update(shapley_opt_in=True)
                 versions.append(dv)
             for p in paths.values():
                 p.unlink()

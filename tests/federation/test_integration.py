@@ -78,6 +78,7 @@ class Outcome:
     forged_callbacks: dict  # run-config value used as the key → HTTP status of the callback
     real_key_callback: tuple  # (status, body) of a callback signed with the run's real key
     failure_reason_after: str
+    opted_out: tuple  # _opted_out_job: the second job, run after everything above was read
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +118,7 @@ def outcome(flower_job_world, django_db_blocker) -> Outcome:
         usage = list(UsageRecord.objects.filter(job=job).select_related("site"))
         scores = list(ContributionScore.objects.filter(job=job).select_related("site"))
         statement = CreditStatement.objects.filter(job=job).first()
-        return Outcome(
+        result = Outcome(
             job=job,
             rounds=list(RoundMetric.objects.filter(job=job).order_by("round")),
             sites=list(job.sites.all()),
@@ -142,7 +143,60 @@ def outcome(flower_job_world, django_db_blocker) -> Outcome:
             forged_callbacks=forged,
             real_key_callback=real,
             failure_reason_after=FederatedJob.objects.get(pk=job.pk).failure_reason,
+            opted_out=(),
         )
+        result.opted_out = _opted_out_job(w)
+        return result
+
+
+def _opted_out_job(w) -> tuple:
+    """A second job in the same federation after hospital-b's steward turned Shapley values off
+    (issue 9, F1; ADR 0036): ``(job, scores, entries)``, ``entries`` being what each site's
+    ClientApp received, by site. Run inside ``outcome`` (the live server flushes the database
+    after the first test)."""
+    from django.contrib.auth import get_user_model
+
+    from portal.models import Membership, Role
+    from sandbox import services as sandbox_services
+    from sandbox.models import Dataset
+
+    b = next(v for v in w.versions if v.dataset.site.slug == "hospital-b").dataset
+    b.refresh_from_db()
+    steward = get_user_model().objects.create_user("bea", password="pw-for-tests-123")
+    Membership.objects.create(user=steward, institution=b.site.institution, role=Role.DATA_STEWARD)
+    sandbox_services.dataset_rules_set(
+        by=steward, dataset=b, auto_release=b.auto_release, shapley_opt_in=False
+    )
+    assert Dataset.objects.get(pk=b.pk).shapley_opt_in is False
+    job = services.job_submit(
+        by=w.researcher,
+        project=w.project,
+        dataset_versions=w.versions,
+        title="integration, hospital-b not opted in",
+        target_column="diagnosis",
+        num_rounds=1,
+        local_epochs=2,
+        learning_rate=0.1,
+    )
+
+    def done():
+        j = FederatedJob.objects.get(pk=job.pk)
+        return j if j.is_terminal else None
+
+    job = wait_for(done, timeout=240, what="the opted-out job to finish")
+    if job.status == JobStatus.COMPLETED:
+        wait_for(  # the whole chain, so no step of it meets the flush after the first test
+            lambda: CreditStatement.objects.filter(job=job).exists(),
+            timeout=60,
+            what="the worker's accounting chain for the opted-out job",
+        )
+    scores = list(ContributionScore.objects.filter(job=job).select_related("site"))
+    entries = {}
+    for version in w.versions:
+        site = version.dataset.site.slug
+        lines = (w.received_log_dir / f"{site}.jsonl").read_text().splitlines()
+        entries[site] = [json.loads(line) for line in lines]
+    return job, scores, entries
 
 
 FORGED = json.dumps({"event": "failed", "seq": 10**6, "reason": "forged"}).encode()
@@ -368,6 +422,8 @@ def test_no_callback_credential_reaches_a_site(outcome, flower_job_world):
         site = version.dataset.site.slug
         lines = (w.received_log_dir / f"{site}.jsonl").read_text().splitlines()
         entries = [json.loads(line) for line in lines]
+        second = int(outcome.opted_out[0].flower_run_id)  # the module's second job
+        entries = [e for e in entries if e["run_id"] != second]
         assert Counter(e["message_type"] for e in entries) == {
             "query": 1,
             "query.quantiles": 1,
@@ -424,3 +480,29 @@ def test_superlink_database_and_homes_are_private(outcome, flower_job_world):
     for path in w.runtime_root.rglob("*"):
         if path.is_file():
             assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path
+
+
+def test_opted_out_job_sends_no_coalition_model(outcome):
+    """With one steward not opted in, no site receives a coalition model (the first job's
+    closing message carried them: the check is not vacuous), the job completes, and every site
+    is credited by data volume."""
+    job, scores, entries = outcome.opted_out
+    assert job.status == JobStatus.COMPLETED, job.status_detail
+    assert job.shapley_consent is False
+    first, second = int(outcome.job.flower_run_id), int(job.flower_run_id)
+    for site, seen in entries.items():
+        mine = [e for e in seen if e["run_id"] == second]
+        assert Counter(e["message_type"] for e in mine)["evaluate"] == 1, site
+        assert all(e["run_config"]["contribution"] is False for e in mine)
+        for e in mine:
+            assert "models" not in e["content"], site
+            assert "coalition-keys" not in e["content"].get("config", {}), site
+        before = [e for e in seen if e["run_id"] == first and e["message_type"] == "evaluate"]
+        assert len(before) == 1 and "models" in before[0]["content"], site
+        keys = set(before[0]["content"]["config"]["coalition-keys"])  # "round|members"
+        assert {"0|", "0|0", "0|1", "0|0,1"} <= keys, site  # the whole run's ∅, {a}, {b}, {a,b}
+        assert len(before[0]["content"]["models"][0]) == len(keys)  # one stacked model per key
+    assert "contribution" not in job.final_metrics
+    assert {s.method for s in scores} == {"data_volume"}
+    assert {s.site.slug for s in scores} == {"hospital-a", "hospital-b"}
+    assert sum(s.share for s in scores) == pytest.approx(1.0)

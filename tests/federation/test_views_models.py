@@ -79,10 +79,11 @@ def test_job_form_without_model_fields_means_linear_and_fedavg(
     assert job.model_spec == {"kind": "linear"} and job.strategy_spec == {"name": "fedavg"}
 
 
-def test_job_form_bad_hidden_layers_show_inline(pi_client, world):
-    response = pi_client.post(
-        "/jobs/new/", _form_data(world, model_kind="mlp", mlp_hidden="64,abc")
-    )
+@pytest.mark.parametrize("hidden", ["64,abc", "\u0663\u0662", "64,\u0663\u0662", "1_0", "+8", "²"])
+def test_job_form_bad_hidden_layers_show_inline(pi_client, world, hidden):
+    """Not ASCII whole numbers: refused inline (Python's ``int`` reads Arabic-Indic digits
+    "٣٢" as 32, ``1_0`` as 10 and ``+8`` as 8; a hostile tester's finding, issue 9)."""
+    response = pi_client.post("/jobs/new/", _form_data(world, model_kind="mlp", mlp_hidden=hidden))
 
     assert response.status_code == 200
     assert "whole numbers separated by commas" in _field_block(
