@@ -81,6 +81,35 @@ class Outcome:
     opted_out: tuple  # _opted_out_job: the second job, run after everything above was read
 
 
+def _run_to_the_end(w, *, title: str, rounds: int, epochs: int) -> FederatedJob:
+    """Submit a job over every site of ``w`` through ``job_submit`` (the worker launches and
+    reconciles), wait until it ends and, when it completed, until the worker's accounting chain
+    has drafted its credit (the chain's last step). Returns the job as it ended."""
+    job = services.job_submit(
+        by=w.researcher,
+        project=w.project,
+        dataset_versions=w.versions,
+        title=title,
+        target_column="diagnosis",
+        num_rounds=rounds,
+        local_epochs=epochs,
+        learning_rate=0.1,
+    )
+
+    def done():
+        j = FederatedJob.objects.get(pk=job.pk)
+        return j if j.is_terminal else None
+
+    job = wait_for(done, timeout=240, what=f"job {title!r} to finish")
+    if job.status == JobStatus.COMPLETED:
+        wait_for(
+            lambda: CreditStatement.objects.filter(job=job).exists(),
+            timeout=60,
+            what="the worker's accounting chain (its last step drafts the credit)",
+        )
+    return job
+
+
 @pytest.fixture(scope="module")
 def outcome(flower_job_world, django_db_blocker) -> Outcome:
     """Submit through ``job_submit`` (the worker launches and reconciles) and wait for the end."""
@@ -92,28 +121,7 @@ def outcome(flower_job_world, django_db_blocker) -> Outcome:
                 effective_from=timezone.localdate() - timedelta(days=1),
                 defaults={"price_per_unit": Decimal("500"), "data_credit_rate": Decimal("0.5")},
             )
-        job = services.job_submit(
-            by=w.researcher,
-            project=w.project,
-            dataset_versions=w.versions,
-            title="integration",
-            target_column="diagnosis",
-            num_rounds=2,
-            local_epochs=3,
-            learning_rate=0.1,
-        )
-
-        def done():
-            j = FederatedJob.objects.get(pk=job.pk)
-            return j if j.is_terminal else None
-
-        job = wait_for(done, timeout=240, what="the job to finish")
-        if job.status == JobStatus.COMPLETED:  # the worker's accounting task ends with credit
-            wait_for(
-                lambda: CreditStatement.objects.filter(job=job).exists(),
-                timeout=60,
-                what="the worker's accounting chain (its last step drafts the credit)",
-            )
+        job = _run_to_the_end(w, title="integration", rounds=2, epochs=3)
         forged, real = _forged_callbacks(w, job)
         usage = list(UsageRecord.objects.filter(job=job).select_related("site"))
         scores = list(ContributionScore.objects.filter(job=job).select_related("site"))
@@ -168,28 +176,7 @@ def _opted_out_job(w) -> tuple:
         by=steward, dataset=b, auto_release=b.auto_release, shapley_opt_in=False
     )
     assert Dataset.objects.get(pk=b.pk).shapley_opt_in is False
-    job = services.job_submit(
-        by=w.researcher,
-        project=w.project,
-        dataset_versions=w.versions,
-        title="integration, hospital-b not opted in",
-        target_column="diagnosis",
-        num_rounds=1,
-        local_epochs=2,
-        learning_rate=0.1,
-    )
-
-    def done():
-        j = FederatedJob.objects.get(pk=job.pk)
-        return j if j.is_terminal else None
-
-    job = wait_for(done, timeout=240, what="the opted-out job to finish")
-    if job.status == JobStatus.COMPLETED:
-        wait_for(  # the whole chain, so no step of it meets the flush after the first test
-            lambda: CreditStatement.objects.filter(job=job).exists(),
-            timeout=60,
-            what="the worker's accounting chain for the opted-out job",
-        )
+    job = _run_to_the_end(w, title="integration, hospital-b not opted in", rounds=1, epochs=2)
     scores = list(ContributionScore.objects.filter(job=job).select_related("site"))
     entries = {}
     for version in w.versions:

@@ -11,7 +11,7 @@ from federation import services
 from federation.models import SiteRoundMetric
 from frp_flwr import contract
 from tests.federation import test_services
-from tests.federation.callback_support import record
+from tests.federation.callback_support import record_one_round
 
 # the service tests' fixtures: two granted datasets, a fake SuperLink, an eager launch
 world, fake_superlink, launch = (
@@ -65,26 +65,7 @@ def test_secagg_job_is_scored_by_data_volume_and_its_page_says_why(
 ):
     job = launch(world, secure_aggregation=True)
     a, b = (v.dataset.site.slug for v in world["versions"])
-    site = {
-        "ok": True,
-        "train_loss": 0.5,
-        "cpu_seconds": 0.1,
-        "wall_seconds": 0.1,
-        "bytes_received": 10,
-        "bytes_sent": 10,
-    }
-    record(
-        job,
-        {
-            "event": "round",
-            "round": 1,
-            "sites": {
-                a: {**site, "train_examples": 30, "eval_examples": 5},
-                b: {**site, "train_examples": 10, "eval_examples": 5},
-            },
-        },
-    )
-    record(job, {"event": "finished", "rounds": 1, "eval_accuracy": 0.9, "model": [[1.0]]})
+    record_one_round(job, {a: 30, b: 10})
     job.refresh_from_db()
     assert job.final_metrics["updates_hidden"] is True
     assert SiteRoundMetric.objects.filter(job_site__job=job, ok=True).count() == 2

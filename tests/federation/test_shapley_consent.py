@@ -24,7 +24,7 @@ from sandbox import services as sandbox_services
 from sandbox.models import Dataset
 from tests.factories import MembershipFactory, UserFactory
 from tests.federation import test_services
-from tests.federation.callback_support import record
+from tests.federation.callback_support import record_one_round
 
 world, fake_superlink, launch = (
     test_services.world,
@@ -78,36 +78,13 @@ def test_opted_in_launch_sends_contribution(world, fake_superlink, launch):
     assert fake_superlink.submitted[0]["contribution"] is True
 
 
-def _rounds_and_finish(job, a, b):
-    site = {
-        "ok": True,
-        "train_loss": 0.5,
-        "cpu_seconds": 0.1,
-        "wall_seconds": 0.1,
-        "bytes_received": 10,
-        "bytes_sent": 10,
-    }
-    record(
-        job,
-        {
-            "event": "round",
-            "round": 1,
-            "sites": {
-                a: {**site, "train_examples": 60, "eval_examples": 15},
-                b: {**site, "train_examples": 20, "eval_examples": 5},
-            },
-        },
-    )
-    record(job, {"event": "finished", "rounds": 1, "eval_accuracy": 0.9, "model": [[1.0]]})
-
-
 def test_opted_out_job_is_credited_by_data_volume_and_its_pages_say_why(
     client, world, fake_superlink, launch
 ):
     _opt_out(world["versions"][1])
     job = launch(world)
     a, b = (v.dataset.site.slug for v in world["versions"])
-    _rounds_and_finish(job, a, b)
+    record_one_round(job, {a: 60, b: 20})
     job.refresh_from_db()
 
     assert volume_basis(job) == "no_opt_in"
