@@ -219,6 +219,7 @@ def job_detail(request, pk: int):
         "schedule_reason_text": REASONS.get(job.sched_reason, ""),
         "results": selectors.job_results(job=job, user=request.user),
         # Before launch: the sites whose steward has not opted in to Shapley values (ADR 0036)
+        "currency": settings.FRP_BILLING_CURRENCY,  # of the schedule card's estimated cost
         "shapley_missing": (
             selectors.shapley_not_opted_in(job=job) if job.shapley_consent is None else []
         ),

@@ -230,9 +230,9 @@ class DatasetRulesForm(forms.Form):
     shapley_opt_in = forms.BooleanField(
         required=False,
         label="Allow Shapley-value contribution",
-        help_text="A job measures each site's Shapley value by sending every site of the job the "
-        "model of each coalition of sites, the one trained on this dataset alone included: the "
-        "other sites of the job can then recover this site's model update, and from it facts "
-        "about its rows (ADR 0036). Off: jobs using this dataset credit every site by data volume "
-        "(training rows as released) and no coalition model is sent.",
+        help_text="To measure Shapley values, a job sends every one of its sites the models of "
+        "all coalitions of sites, among them a model trained on this dataset alone: the other "
+        "sites could then work out this site's model update, and from it facts about its rows "
+        "(ADR 0036). Unticked: jobs using this dataset send no such models and credit every "
+        "site by data volume (training rows as released).",
     )

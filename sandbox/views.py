@@ -79,6 +79,8 @@ def dataset_detail(request, pk: int):
             "columns_page": columns_page,
             "form": form,
             "requests": mine,
+            # No project, nothing to request for: the form is replaced by a line saying so
+            "can_request": form.fields["project"].queryset.exists(),
             "can_upload": selectors.can_upload_to(user=request.user, site=dataset.site),
             # The dataset's own stewards see exact row counts and sizes; everyone else sees them
             # under the profile's disclosure rule (a 3-row dataset is "≤7 rows").

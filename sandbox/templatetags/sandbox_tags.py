@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from django import template
 from django.contrib.humanize.templatetags.humanize import intcomma
 
@@ -20,6 +22,23 @@ def disclosed(count) -> str:
     if isinstance(shown, str) or shown == 0:
         return str(shown)
     return f"≈{intcomma(shown)}"
+
+
+@register.filter
+def significant(value, digits: int = 3) -> str:
+    """A number the profile rounded to ``digits`` significant figures, written without false
+    precision: ``105.0`` → ``"105"``, ``1200.0`` → ``"1,200"``, ``0.0123`` → ``"0.0123"``;
+    ``"—"`` for ``None`` or a value that is not a finite number."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return "—"
+    if not math.isfinite(v):
+        return "—"
+    if v == 0:
+        return "0"
+    decimals = max(0, int(digits) - 1 - math.floor(math.log10(abs(v))))
+    return f"{v:,.{decimals}f}"
 
 
 def disclosed_sum(counts) -> str:

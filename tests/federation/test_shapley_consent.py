@@ -71,11 +71,16 @@ def test_launch_records_the_consent_it_ran_under(world, fake_superlink, launch):
     assert services.job_run_config(job).contribution is False
 
 
-def test_opted_in_launch_sends_contribution(world, fake_superlink, launch):
+def test_opted_in_launch_sends_contribution(client, world, fake_superlink, launch):
     job = launch(world)
     job.refresh_from_db()
     assert job.shapley_consent is True
     assert fake_superlink.submitted[0]["contribution"] is True
+    # The page states the consent the run ran under, not today's settings
+    Dataset.objects.update(shapley_opt_in=False)
+    client.force_login(world["pi"])
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "had opted in when the job was launched; coalition models:" in page
 
 
 def test_opted_out_job_is_credited_by_data_volume_and_its_pages_say_why(
@@ -111,7 +116,7 @@ def test_queued_job_page_names_the_sites_not_opted_in(client, world):
     assert f"the data stewards of {slug} have not opted in" in page
     Dataset.objects.update(shapley_opt_in=True)
     page = client.get(f"/jobs/{job.pk}/").content.decode()
-    assert "every dataset's data steward opted in" in page
+    assert "every dataset's data steward has opted in, checked again at launch" in page
     assert contribution_basis(job=job)["method"] == "exact"
 
 

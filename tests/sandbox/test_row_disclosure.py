@@ -67,3 +67,38 @@ def test_the_datasets_own_stewards_see_exact_figures(client, world):
 
     assert "3 rows" in page and "3 × 3" in page and "777 bytes" in page
     assert "≈1,235 rows" in other  # another institution's dataset: the rule applies
+
+
+def test_profile_figures_are_written_to_their_three_significant_figures(client, world):
+    """The header says "numbers to 3 significant figures": 105.0 is written 105, 1200.0 1,200
+    (a new user read "105.0" and "1200.0" as more precise than the profile is)."""
+    from sandbox.templatetags.sandbox_tags import significant
+
+    assert [significant(v) for v in (105.0, 1200.0, 0.0123, 2.5, -47.0, 0.0, None, "x")] == [
+        "105",
+        "1,200",
+        "0.0123",
+        "2.50",
+        "-47.0",
+        "0",
+        "—",
+        "—",
+    ]
+    assert significant(float("nan")) == "—" and significant(float("inf")) == "—"
+    version = world["large"]
+    version.profile = {
+        "columns": [{"name": "area", "type": "float", "missing": 0, "mean": 1200.0, "std": 105.0}]
+    }
+    version.save()
+    client.force_login(world["researcher"])
+    page = _text(client.get(f"/datasets/{version.dataset_id}/"))
+    assert "mean 1,200 · sd 105" in page and "1200.0" not in page
+
+
+def test_without_a_project_the_page_says_how_to_request_instead_of_an_empty_form(client, world):
+    client.force_login(world["steward"])  # a steward in no project
+    page = client.get(f"/datasets/{world['tiny'].dataset_id}/").content.decode()
+    assert 'data-testid="no-project"' in page and 'name="purpose"' not in page
+    client.force_login(world["researcher"])
+    page = client.get(f"/datasets/{world['tiny'].dataset_id}/").content.decode()
+    assert 'name="purpose"' in page and 'data-testid="no-project"' not in page
