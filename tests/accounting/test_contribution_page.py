@@ -54,7 +54,7 @@ def test_job_page_shows_shares_chart_table_and_usage(client, scored_job):
     assert data["shares"] == [0.625, 0.375]  # 0.25 / 0.4 and 0.15 / 0.4
     assert data["method"] == "Exact Shapley"
     assert "0.2500" in html and "0.1500" in html and "62.5 %" in html
-    assert "model accuracy 0.500 → 0.900" in html
+    assert "utility, median site accuracy 0.500 → 0.900" in html
     assert "3.0 MiB" in html and "2.0 KiB" in html and "1.25 s" in html  # usage with units
     assert "Flower, whole run" not in html  # the fake SuperLink reported no run figures
 
