@@ -70,8 +70,8 @@ class PriceRuleForm(forms.Form):
         decimal_places=4,
         initial=Decimal("0"),
         help_text="Share of a job's compute value on this pool that the submitting institution "
-        "also pays to the data-providing institutions, split by Shapley share (0.10 = 10 %; "
-        "0 = none).",
+        "also pays to the data-providing institutions, split by their contribution shares (Shapley "
+        "values, or data volume where a job measured none) (0.10 = 10 %; 0 = none).",
     )
 
     def __init__(self, *args, institution, **kwargs):

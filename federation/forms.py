@@ -141,6 +141,7 @@ class JobSubmitForm(forms.Form):
     mlp_hidden = forms.CharField(
         label="MLP hidden layers",
         required=False,
+        max_length=64,
         initial="32",
         help_text="Units per hidden layer, comma-separated (e.g. 64,32): 1 to 4 layers of 1 to "
         "1024 units, at most 80,000 weights in all (the final model's limit).",

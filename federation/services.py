@@ -53,6 +53,7 @@ from portal.models import Role
 from portal.permissions import can
 from portal.services import audit_record
 from sandbox import selectors as sandbox_selectors
+from sandbox.models import Dataset
 
 log = logging.getLogger(__name__)
 
@@ -626,7 +627,15 @@ def job_launch(*, job_id: int) -> FederatedJob:
         job.started_at = timezone.now()
         job.launch_nonce = secrets.token_hex(16)
         job.preempted_by = None  # it runs again: no longer shown as preempted
-        # The stewards' Shapley consent in force now is the one this run runs under (ADR 0036).
+        # The stewards' Shapley consent in force now is the one this run runs under (ADR 0036):
+        # the datasets' rows locked first, so a steward's change commits before or after this
+        # launch, never beside it; a ledger leaf records it with the launch.
+        list(
+            Dataset.objects.select_for_update()
+            .filter(pk__in=job.sites.values("dataset_version__dataset_id"))
+            .order_by("pk")
+            .values_list("pk", flat=True)
+        )
         job.shapley_consent = not _shapley_not_opted_in(job)
         job.save(
             update_fields=[
@@ -640,6 +649,16 @@ def job_launch(*, job_id: int) -> FederatedJob:
         )
         nonce = job.launch_nonce
         run_config = job_run_config(job).to_flower()
+        ledger_append(
+            kind="job.launch",
+            record={
+                "job": job.pk,
+                "launch_nonce": nonce,
+                "shapley_consent": job.shapley_consent,
+                "dataset_versions": sorted(job.sites.values_list("dataset_version_id", flat=True)),
+                "at": job.started_at.isoformat(),
+            },
+        )
 
     try:
         run_id = superlink.run_submit(superlink_connection(), run_config)
@@ -686,6 +705,7 @@ def job_run_record(*, job_id: int, run_id: str, nonce: str, found: bool = False)
                 institution=job.project.institution,
                 run_id=run_id,
                 found_by_nonce=found,
+                shapley_consent=job.shapley_consent,
             )
             return job
     run_orphan_stop(run_id=run_id, job_id=job_id, why="its launch is no longer the job's")
@@ -1047,6 +1067,10 @@ def _record_contribution(
     """
     if "contribution" in job.final_metrics:
         raise JobError("the job's contribution is recorded; it cannot be replaced")
+    if job.shapley_consent is False:  # the run was told not to measure one (ADR 0036)
+        raise JobError(
+            "contribution refused: the job runs without its data stewards' Shapley opt-in"
+        )
     _unknown_sites(
         [*event.players, *event.examples, *event.sites, *event.errors], sites, "contribution"
     )
@@ -1141,6 +1165,7 @@ def job_callback_record(*, job_id: int, seq: int, event: contract.Event) -> cont
             for slug in event.nodes
             if slug not in drop and sites[slug].status == JobSiteStatus.FAILED
         ]
+    revoked = list(drop)
     if isinstance(event, contract.Round):  # the ServerApp drops these before its next round
         _mark_dropped(sites, drop, after_round=event.round)
         drop += [  # sites whose figures this round were refused (``_round_problem``)
@@ -1148,7 +1173,49 @@ def job_callback_record(*, job_id: int, seq: int, event: contract.Event) -> cont
             for slug, js in sites.items()
             if slug not in drop and js.status == JobSiteStatus.FAILED and slug in event.sites
         ]
-    return contract.CallbackAnswer(drop_sites=drop, limits=limits)
+    return contract.CallbackAnswer(
+        drop_sites=drop,
+        limits=limits,
+        contribution=_shapley_still_allowed(job, sites, revoked=revoked),
+    )
+
+
+def _shapley_still_allowed(job: FederatedJob, sites: dict[str, JobSite], *, revoked) -> bool:
+    """Whether the run may still send coalition models (ADR 0036), answered with every event.
+
+    The consent recorded at launch ends for good when, during the run, a site's steward turns
+    the dataset's Shapley opt-in off or its grant is revoked (``revoked``): ``shapley_consent``
+    becomes false (audited, and a ledger leaf naming the sites), and the answer tells the
+    ServerApp, which then builds no coalition model. Once the closing message has gone out it
+    cannot be recalled: a withdrawal reaches the closing evaluation only through an event
+    answered before it. ``sites``: slug → JobSite with ``dataset_version__dataset`` loaded."""
+    if job.shapley_consent is False:
+        return False
+    withdrawn = sorted(
+        slug for slug, js in sites.items() if not js.dataset_version.dataset.shapley_opt_in
+    )
+    if not withdrawn and not revoked:
+        return True
+    job.shapley_consent = False
+    job.save(update_fields=["shapley_consent"])
+    audit_record(
+        by=None,
+        action="job.shapley_consent_ended",
+        target=job,
+        institution=job.project.institution,
+        opt_in_withdrawn=withdrawn,
+        grant_revoked=sorted(revoked),
+    )
+    ledger_append(
+        kind="job.shapley_ended",
+        record={
+            "job": job.pk,
+            "opt_in_withdrawn": withdrawn,
+            "grant_revoked": sorted(revoked),
+            "at": timezone.now().isoformat(),
+        },
+    )
+    return False
 
 
 def _revoked_sites(job: FederatedJob, sites: dict[str, JobSite]) -> list[str]:

@@ -16,7 +16,7 @@ from django.views.decorators.http import require_POST
 
 from federation import artifacts, callbacks, exporters, method, selectors, services
 from federation.forms import JobScheduleForm, JobSubmitForm
-from federation.models import FederatedJob, ModelRelease, ReleaseStatus
+from federation.models import FederatedJob, JobStatus, ModelRelease, ReleaseStatus
 from federation.pool_selectors import REASONS
 from federation.privacy_forms import JobPrivacyForm
 from frp_flwr import contract
@@ -218,10 +218,11 @@ def job_detail(request, pk: int):
         "energy": selectors.job_energy(job=job) if job.started_at else [],
         "schedule_reason_text": REASONS.get(job.sched_reason, ""),
         "results": selectors.job_results(job=job, user=request.user),
-        # Before launch: the sites whose steward has not opted in to Shapley values (ADR 0036)
         "currency": settings.FRP_BILLING_CURRENCY,  # of the schedule card's estimated cost
+        # Queued: the sites whose steward has not opted in to Shapley values now (ADR 0036);
+        # the next launch records what the run goes by
         "shapley_missing": (
-            selectors.shapley_not_opted_in(job=job) if job.shapley_consent is None else []
+            selectors.shapley_not_opted_in(job=job) if job.status == JobStatus.QUEUED else []
         ),
     }
     context.update(selectors.job_progress(job=job, user=request.user))

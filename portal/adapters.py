@@ -69,21 +69,35 @@ class AccountAdapter(DefaultAccountAdapter):
 
 
 def lift_sign_in_lock(sender, request, user, **kwargs) -> None:
-    """On allauth's ``password_reset`` signal: clear the failed-sign-in lock (``login_failed``)
-    of every name ``user`` signs in with — username, ``user.email`` and each address of theirs.
+    """On allauth's ``password_reset`` signal: clear the per-account part of the failed-sign-in
+    lock (``login_failed``'s ``…/key`` rates) of every name ``user`` signs in with — username,
+    ``user.email`` and each address of theirs. The per-address part (``…/ip``) stays.
 
-    allauth clears it for the account's ``EmailAddress`` rows only, so an account locked by
-    failures under its *username* stayed locked after its owner reset the password (issue 9,
-    F6). The key is allauth's own (``_get_login_attempts_cache_key`` through
-    ``_delete_login_attempts_cached_email``), so it follows allauth's format."""
+    allauth clears the lock for the account's ``EmailAddress`` rows only, so an account locked
+    by failures under its *username* stayed locked after its owner reset the password (issue 9,
+    F6). The key is allauth's own (``_get_login_attempts_cache_key``), so it follows allauth's
+    format; with ``ACCOUNT_LOGIN_ON_PASSWORD_RESET`` the completed reset also signs the owner
+    in, so an attacker who locks the account again at once does not keep its owner out."""
+    from allauth.account import app_settings as account_settings
     from allauth.account.adapter import get_adapter
     from allauth.account.models import EmailAddress
+    from allauth.core.internal import ratelimit
 
+    rates = (account_settings.RATE_LIMITS or {}).get("login_failed") or ""
+    per_key = ",".join(r.strip() for r in rates.split(",") if r.strip().endswith("/key"))
+    if not per_key:
+        return
     adapter = get_adapter(request)
     names = {user.get_username(), user.email or ""}
     names |= set(EmailAddress.objects.filter(user_id=user.pk).values_list("email", flat=True))
     for name in sorted(n for n in names if n):
-        adapter._delete_login_attempts_cached_email(request, username=name)
+        ratelimit.clear(
+            request,
+            app="allauth.account",
+            action="login_failed",
+            config={"login_failed": per_key},
+            key=adapter._get_login_attempts_cache_key(request, username=name),
+        )
 
 
 def _idp_for(sociallogin) -> IdentityProvider | None:

@@ -156,6 +156,10 @@ MFA_TOTP_ISSUER = "Federated Research Portal"
 USERSESSIONS_TRACK_ACTIVITY = True
 ACCOUNT_LOGOUT_ON_GET = False
 ACCOUNT_SESSION_REMEMBER = False
+# A completed password reset signs its owner in (through allauth's login stages, MFA included):
+# anyone can lock an account's password sign-in by failing it, and its owner gets in through
+# the mailbox even when the lock is set again at once (issue 9, F6; portal.adapters).
+ACCOUNT_LOGIN_ON_PASSWORD_RESET = True
 # Secrets at rest (OIDC client secrets): Fernet keys, comma-separated, the first encrypts
 # (portal/secretbox.py). Empty: the key file below, created (0600, folder 0700) on first use.
 FRP_FIELD_KEYS = env.list("FRP_FIELD_KEYS", default=[])

@@ -217,22 +217,49 @@ class PrivacyBudgetForm(forms.Form):
     )
 
 
+class _TickBox(forms.CheckboxInput):
+    """A check box read as sent: absent (unticked) or the browser's ``"on"``. Django's own
+    reads any other text but ``"false"`` as ticked, so a scripted ``shapley_opt_in=off`` or
+    ``=0`` opted a dataset in (a hostile tester's finding); :class:`TickField` refuses those."""
+
+    def value_from_datadict(self, data, files, name):
+        return data.get(name)
+
+
+class TickField(forms.BooleanField):
+    """A check box that is off when absent, on for ``"on"``, and an error for anything else."""
+
+    widget = _TickBox
+
+    def to_python(self, value):
+        if value in (None, "", False):
+            return False
+        if value is True or value == "on":
+            return True
+        raise forms.ValidationError('A check box is sent as "on" or not at all.')
+
+    def validate(self, value):  # not required: False is a value
+        pass
+
+
 class DatasetRulesForm(forms.Form):
     """A data steward's standing rules for one dataset: the airlock's automatic release and the
     consent to Shapley-value contribution (``Dataset.auto_release``, ``Dataset.shapley_opt_in``)."""
 
-    auto_release = forms.BooleanField(
+    auto_release = TickField(
         required=False,
         label="Release models automatically",
         help_text="Approve the release of models trained on this dataset without a manual "
         "review in the airlock.",
     )
-    shapley_opt_in = forms.BooleanField(
+    shapley_opt_in = TickField(
         required=False,
         label="Allow Shapley-value contribution",
         help_text="To measure Shapley values, a job sends every one of its sites the models of "
         "all coalitions of sites, among them a model trained on this dataset alone: the other "
         "sites could then work out this site's model update, and from it facts about its rows "
-        "(ADR 0036). Unticked: jobs using this dataset send no such models and credit every "
-        "site by data volume (training rows as released).",
+        "(ADR 0036). Unticked: jobs using this dataset, running ones from their next round, send "
+        "no such models and credit every site by data volume. Independently of this rule, every "
+        "site of a gradient-boosted trees job receives the others' trees, and in a two-site job "
+        "each site can work out the other's update from the global model.",
     )

@@ -504,7 +504,8 @@ def dataset_rules_set(*, by, dataset: Dataset, auto_release: bool, shapley_opt_i
     airlock approves releases of models trained on it) and ``shapley_opt_in`` (jobs using it may
     send coalition models to their sites to measure Shapley values, ADR 0036). A change is audited
     and appended to the ledger (identifiers and the two flags only), so what a job ran under can
-    be proved later; a job records the consent in force when it is launched. Saving the same
+    be proved later (with the ``job.launch`` leaf that records the consent a run started
+    under, and ``job.shapley_ended`` when it ends mid-run). Saving the same
     values writes nothing. Raises ``AccessError`` for anyone who is not such a steward.
     """
     from portal.permissions import can
@@ -526,7 +527,13 @@ def dataset_rules_set(*, by, dataset: Dataset, auto_release: bool, shapley_opt_i
         before=before,
         after=after,
     )
-    _ledger("dataset.rules", dataset=dataset.pk, site=dataset.site.slug, **after)
+    _ledger(
+        "dataset.rules",
+        dataset=dataset.pk,
+        site=dataset.site.slug,
+        at=timezone.now().isoformat(),
+        **after,
+    )
     return dataset
 
 

@@ -9,7 +9,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.files.uploadhandler import StopUpload, TemporaryFileUploadHandler
 from django.core.paginator import Paginator
-from django.http import Http404
+from django.http import Http404, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
@@ -107,7 +107,11 @@ def dataset_rules(request, pk: int):
     if not can(request.user, "access.decide", dataset):
         raise PermissionDenied("Only the dataset's data stewards set its rules.")
     form = DatasetRulesForm(request.POST)
-    form.is_valid()  # two check boxes: any body is valid (absent means off)
+    if not form.is_valid():  # a scripted body with a box neither "on" nor absent
+        errors = "; ".join(f"{name}: {' '.join(e)}" for name, e in form.errors.items())
+        return HttpResponseBadRequest(
+            f"Dataset rules not saved: {errors}", content_type="text/plain"
+        )
     services.dataset_rules_set(
         by=request.user,
         dataset=dataset,

@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from accounting.models import BillingEntry, BillingKind, Invoice, PriceRule, UsageRecord
 from accounting.runs import flower_run_id, runs_of
+from accounting.selectors.contribution import whole_run_shares
 from accounting.services.billing import CHARGE_KINDS, month_start, next_month
 from federation.models import ComputePool, FederatedJob
 from federation.selectors import JOB_WIDE_FIELDS
@@ -272,13 +273,22 @@ def institution_pools_with_rules(*, institution, today: dt.date) -> list:
     return pools
 
 
+#: How the job page names what a job's data credits were split by (a whole-run score method).
+DATA_BASIS = {
+    "exact": "Shapley share",
+    "gtg": "GTG-Shapley share",
+    "data_volume": "data-volume share",
+}
+
+
 def job_cost(*, job, user) -> dict | None:
     """A job's billing for the job page, or ``None`` when ``user`` may not see it
     (``job.view_cost``).
 
     Returns ``{"compute": [row…], "data": [row…], "charged": Decimal (compute and data charges
     to the project's institution), "service_units": Decimal, "currency": str, "billed": bool,
-    "payer": Institution, "runs": int (``accounting.runs.runs_of``)}``. A compute row is one
+    "payer": Institution, "runs": int (``accounting.runs.runs_of``), "data_basis": str (what the
+    data credits were split by, :data:`DATA_BASIS`; ``""`` without data credits)}``. A compute row is one
     site's compute charge for one run: ``{"site", "payee" (the site's institution),
     "service_units", "amount", "own" (own pool: show-back at 0), "run", "flower_run_id"}``;
     a data row is one data credit: ``{"site", "payee", "amount"}`` (the data charges sum to the
@@ -319,6 +329,8 @@ def job_cost(*, job, user) -> dict | None:
     return {
         "compute": compute,
         "data": data,
+        # what the data credits were split by (``job_bill``: the whole-run scores' method)
+        "data_basis": DATA_BASIS.get(whole_run_shares(job=job)[0], "") if data else "",
         "charged": charged,
         "service_units": units,
         "currency": currency,

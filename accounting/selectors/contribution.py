@@ -87,8 +87,9 @@ VOLUME_REASONS = {
     "shaped, so a coalition's model cannot be rebuilt from the logged updates, and retraining "
     "without each site (leave-one-out) would cost a full run per site (ADR 0023)",
     "no_opt_in": "the data steward of a dataset the job trained on had not opted in to Shapley "
-    "values, whose closing evaluation sends every site the model trained on each site's data "
-    "alone, so no coalition model was sent (ADR 0036)",
+    "values when it was launched, or withdrew the opt-in or the grant during the run; their "
+    "closing evaluation sends every site the model trained on each site's data alone "
+    "(ADR 0036)",
     "small_site": "a site evaluated on 1–7 held-out rows: a coalition's utility, the median of "
     "the sites' accuracies, may be that site's, which would say how many rows it holds (they "
     "show as ≤7), so no coalition utility can be released (issue 9)",

@@ -22,7 +22,7 @@ from accounting.models import (
 )
 from accounting.selectors.contribution import VOLUME_REASONS, volume_basis, whole_run_shares
 from federation.method import method_document
-from federation.models import FederatedJob, JobSite
+from federation.models import FederatedJob, JobSite, JobStatus
 from federation.selectors import shapley_not_opted_in
 from frp_flwr.coalitions import EXACT_MAX_SITES
 from portal.models import ProjectMember, ProjectRole
@@ -309,11 +309,14 @@ def contribution_basis(*, job) -> dict:
     statement shows. One query when measured, up to three otherwise.
     """
     measured, shares = whole_run_shares(job=job)
-    hidden = (
-        volume_basis(job)
-        or ("secure_aggregation" if job.secure_aggregation else "")
-        or ("no_opt_in" if job.shapley_consent is None and shapley_not_opted_in(job=job) else "")
-    )
+    if job.status == JobStatus.QUEUED:  # its next launch decides: the stewards' rules now
+        hidden = (
+            ("secure_aggregation" if job.secure_aggregation else "")
+            or ("tree_bagging" if job.model == "xgboost" else "")
+            or ("no_opt_in" if shapley_not_opted_in(job=job) else "")
+        )
+    else:
+        hidden = volume_basis(job) or ("secure_aggregation" if job.secure_aggregation else "")
     sites = len(shares) if measured else JobSite.objects.filter(job=job).count()
     method = measured or (
         "data_volume" if hidden else "exact" if sites <= EXACT_MAX_SITES else "gtg"

@@ -10,7 +10,12 @@ from __future__ import annotations
 from federation import services, superlink
 from federation.models import FederatedJob, JobSite, JobStatus
 from portal.models import ProjectRole
-from tests.factories import DatasetVersionFactory, ProjectFactory, ProjectMemberFactory
+from tests.factories import (
+    DatasetVersionFactory,
+    GrantFactory,
+    ProjectFactory,
+    ProjectMemberFactory,
+)
 from tests.federation.callback_support import record
 
 
@@ -29,6 +34,7 @@ def running_job(num_sites: int, *, rounds: int = 2) -> FederatedJob:
     )
     for i in range(num_sites):
         dv = DatasetVersionFactory(dataset__site__slug=f"s{i}", dataset__site__name=f"Site {i}")
+        GrantFactory(project=project, dataset=dv.dataset)  # as a submitted job has
         JobSite.objects.create(job=job, site=dv.dataset.site, dataset_version=dv)
     return job
 

@@ -492,3 +492,39 @@ def test_a_label_rare_at_every_site_is_never_sent_and_its_rows_are_left_out(monk
     (started,) = portal.of("started")
     c = started.preparation.sites["hospital-c"]
     assert c.dropped_rows == 3 and c.train_rows + c.test_rows == ROWS["hospital-c"] - 3
+
+
+def test_a_portal_answer_withdrawing_the_contribution_stops_every_coalition_model():
+    """The portal answers round 1 with ``contribution`` false (a withdrawal): the run's closing
+    message carries no coalition model and no contribution is posted; with the same portal
+    answering true, it does (not vacuous). Stand-in SuperLink of test_flwr_fused."""
+
+    class Withdrawing(Portal):
+        def __init__(self, limits, withdraw: bool):
+            super().__init__(limits)
+            self.withdraw = withdraw
+
+        def post(self, event):
+            answer = super().post(event)
+            if self.withdraw and event.name == "round" and event.round == 1:
+                return replace(answer, contribution=False)
+            return answer
+
+    for withdraw in (False, True):
+        portal = Withdrawing(_limits(), withdraw)
+        grid = CountingGrid(_honest(), _cfg(rounds=3).to_flower())
+        pushed = []
+        push = grid.push_messages
+
+        def spy(messages, push=push, pushed=pushed):
+            messages = list(messages)
+            pushed.extend(m for m in messages if "models" in m.content)
+            return push(messages)
+
+        grid.push_messages = spy
+        server_app.run_job(grid, _cfg(rounds=3), portal)
+        assert portal.of("finished")
+        if withdraw:
+            assert not pushed and not portal.of("contribution")
+        else:
+            assert pushed and portal.of("contribution")

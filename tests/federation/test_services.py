@@ -651,7 +651,7 @@ def test_reconcile_records_the_run_a_dead_worker_started_instead_of_starting_ano
     assert (job.status, job.flower_run_id) == (JobStatus.RUNNING, "7")
     assert fake_superlink.submitted == [] and fake_superlink.stopped == []
     event = AuditEvent.objects.get(action="job.launch", target_id=str(job.pk))
-    assert event.data == {"run_id": "7", "found_by_nonce": True}
+    assert event.data == {"run_id": "7", "found_by_nonce": True, "shapley_consent": None}
 
 
 def test_stale_launch_without_its_run_is_queued_again_with_the_nonce_cleared(

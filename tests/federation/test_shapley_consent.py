@@ -10,13 +10,17 @@ same path is in ``test_integration.py`` (``test_opted_out_job_sends_no_coalition
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from django.utils import timezone
 
 from accounting.models import ContributionMethod
 from accounting.selectors.contribution import VOLUME_REASONS, volume_basis
 from accounting.selectors.credit import contribution_basis
 from accounting.services.contribution import contribution_score_job
 from federation import services
+from federation.models import FederatedJob, JobStatus
 from federation.selectors import shapley_not_opted_in
 from portal.ledger.models import LedgerEntry
 from portal.models import AuditEvent, Role
@@ -153,9 +157,9 @@ def test_steward_sets_the_rules_audited_and_ledgered_without_free_text(world):
     leaf = LedgerEntry.objects.order_by("-index").first()
     assert LedgerEntry.objects.count() == leaves + 1
     assert leaf.kind == "dataset.rules"
-    import json
-
-    assert json.loads(leaf.data) == {
+    data = json.loads(leaf.data)
+    assert data.pop("at").startswith(str(timezone.now().year))  # when, in the hashed leaf
+    assert data == {
         "kind": "dataset.rules",
         "dataset": dataset.pk,
         "site": dataset.site.slug,
@@ -209,3 +213,152 @@ def test_rules_through_the_dataset_page(client, world):
     assert dataset.shapley_opt_in is False
     assert client.get(f"/datasets/{dataset.pk}/rules/").status_code == 405
     assert client.post("/datasets/999999/rules/", {}).status_code == 404
+
+
+# --- consent ending during the run (hostile re-test) -----------------------------------------
+
+
+def _round_event(job, a, b, rnd=1):
+    from tests.federation.callback_support import record
+
+    site = {
+        "ok": True,
+        "train_loss": 0.5,
+        "cpu_seconds": 0.1,
+        "wall_seconds": 0.1,
+        "bytes_received": 10,
+        "bytes_sent": 10,
+        "train_examples": 40,
+        "eval_examples": 10,
+    }
+    return record(job, {"event": "round", "round": rnd, "sites": {a: site, b: site}})
+
+
+def test_a_steward_withdrawing_during_the_run_ends_the_contribution_at_the_next_answer(
+    client, world, fake_superlink, launch
+):
+    job = launch(world, num_rounds=3)
+    a, b = (v.dataset.site.slug for v in world["versions"])
+    assert _round_event(job, a, b)["contribution"] is True
+    dataset = world["versions"][1].dataset
+    sandbox_services.dataset_rules_set(
+        by=_steward(dataset), dataset=dataset, auto_release=False, shapley_opt_in=False
+    )
+    leaves = LedgerEntry.objects.count()
+
+    answer = _round_event(job, a, b, rnd=2)
+
+    assert answer["contribution"] is False and answer["drop_sites"] == []
+    job.refresh_from_db()
+    assert job.shapley_consent is False
+    event = AuditEvent.objects.get(action="job.shapley_consent_ended", target_id=str(job.pk))
+    assert event.data["opt_in_withdrawn"] == [b] and event.data["grant_revoked"] == []
+    leaf = json.loads(LedgerEntry.objects.order_by("-index").first().data)
+    assert LedgerEntry.objects.count() == leaves + 1
+    assert leaf["kind"] == "job.shapley_ended" and leaf["opt_in_withdrawn"] == [b]
+    # Later answers say so too, writing nothing more; opting in again does not revive it
+    Dataset.objects.update(shapley_opt_in=True)
+    assert _round_event(job, a, b, rnd=3)["contribution"] is False
+    assert LedgerEntry.objects.count() == leaves + 1
+    # A contribution event the ServerApp would post anyway is refused, nothing stored
+    from tests.accounting.job_world import utilities_event
+
+    with pytest.raises(services.JobError, match="without its data stewards' Shapley opt-in"):
+        from tests.federation.callback_support import record
+
+        record(
+            job,
+            {
+                "event": "contribution",
+                **utilities_event([a, b], {"0": {"": 0.5, "0": 0.6, "1": 0.7, "0,1": 0.8}}),
+            },
+        )
+    job.refresh_from_db()
+    assert "contribution" not in job.final_metrics
+    client.force_login(world["pi"])
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "or withdrew the opt-in or the grant during the run" in page
+
+
+def test_a_grant_revoked_during_the_run_ends_the_contribution(world, fake_superlink, launch):
+    job = launch(world)
+    a, b = (v.dataset.site.slug for v in world["versions"])
+    world["grants"][1].status = "revoked"
+    world["grants"][1].save()
+    answer = _round_event(job, a, b)
+    assert b in answer["drop_sites"] and answer["contribution"] is False
+    job.refresh_from_db()
+    assert job.shapley_consent is False
+    event = AuditEvent.objects.get(action="job.shapley_consent_ended", target_id=str(job.pk))
+    assert event.data["grant_revoked"] == [b]
+
+
+def test_the_launch_and_its_consent_are_in_the_ledger_and_the_audit(world, fake_superlink, launch):
+    before = LedgerEntry.objects.count()
+    _opt_out(world["versions"][1])
+    job = launch(world)
+    leaves = [json.loads(e.data) for e in LedgerEntry.objects.order_by("index")[before:]]
+    (leaf,) = [x for x in leaves if x["kind"] == "job.launch"]
+    assert leaf["job"] == job.pk and leaf["shapley_consent"] is False
+    assert leaf["dataset_versions"] == sorted(v.pk for v in world["versions"])
+    assert leaf["launch_nonce"] == job.launch_nonce and leaf["at"]
+    event = AuditEvent.objects.get(action="job.launch", target_id=str(job.pk))
+    assert event.data["shapley_consent"] is False
+
+
+def test_a_requeued_job_shows_the_rule_its_next_launch_goes_by(
+    client, world, fake_superlink, launch
+):
+    job = launch(world)
+    assert job.shapley_consent is True
+    FederatedJob.objects.filter(pk=job.pk).update(status=JobStatus.QUEUED)  # preempted, say
+    _opt_out(world["versions"][0])
+    job.refresh_from_db()
+    client.force_login(world["pi"])
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    slug = world["versions"][0].dataset.site.slug
+    assert f"the data stewards of {slug} have not opted in" in page
+    assert contribution_basis(job=job)["reason"] == "no_opt_in"
+
+
+def test_a_job_launched_before_the_opt_in_existed_says_so(client, world):
+    job = submit(world)
+    FederatedJob.objects.filter(pk=job.pk).update(status=JobStatus.COMPLETED)
+    Dataset.objects.update(shapley_opt_in=False)
+    client.force_login(world["pi"])
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "launched before data stewards&#x27; opt-in existed" in page or (
+        "launched before data stewards' opt-in existed" in page
+    )
+
+
+@pytest.mark.parametrize("value", ["off", "0", "no", "False ", "n", "true"])
+def test_a_box_sent_as_anything_but_on_is_refused_and_changes_nothing(client, world, value):
+    dataset = world["versions"][0].dataset
+    _opt_out(world["versions"][0])
+    client.force_login(_steward(dataset))
+    response = client.post(f"/datasets/{dataset.pk}/rules/", {"shapley_opt_in": value})
+    assert response.status_code == 400
+    assert b'sent as "on" or not at all' in response.content
+    dataset.refresh_from_db()
+    assert dataset.shapley_opt_in is False
+
+
+def test_a_layer_of_thousands_of_digits_is_refused_inline(client, world):
+    client.force_login(world["pi"])
+    response = client.post(
+        "/jobs/new/",
+        {
+            "title": "t",
+            "project": world["project"].pk,
+            "datasets": [v.pk for v in world["versions"]],
+            "target_column": "label",
+            "num_rounds": 1,
+            "local_epochs": 1,
+            "learning_rate": 0.1,
+            "model_kind": "mlp",
+            "mlp_hidden": "9" * 5000,
+        },
+    )
+    assert response.status_code == 200
+    assert "at most 64 characters" in response.content.decode()

@@ -637,7 +637,13 @@ def test_callback_valid_signature_records_round_without_login_or_csrf(anon, runn
         js.site.slug: {"rows": js.dataset_version.row_count, "cores": 1}
         for js in running_job.sites.select_related("site", "dataset_version")
     }
-    assert response.json() == {"ok": True, "drop_sites": [], "error": "", "limits": limits}
+    assert response.json() == {
+        "ok": True,
+        "drop_sites": [],
+        "error": "",
+        "limits": limits,
+        "contribution": True,
+    }
     metric = RoundMetric.objects.get(job=running_job)
     assert metric.round == 1
     assert (metric.train_loss, metric.eval_loss, metric.eval_accuracy) == (0.61, 0.52, 0.875)

@@ -62,9 +62,10 @@ def test_a_locked_owner_is_told_the_way_out_and_a_password_reset_lets_them_in(cl
         response["Location"], {"password1": NEW_PASSWORD, "password2": NEW_PASSWORD}
     )
     assert response.status_code == 302
+    assert client.session.get("_auth_user_id") == str(victim.pk)  # signed in by the reset
 
     client.logout()
-    _login(client, "vera", NEW_PASSWORD, ip="192.0.2.10")
+    _login(client, "vera", NEW_PASSWORD, ip="192.0.2.10")  # and the lock is lifted
     assert client.session.get("_auth_user_id") == str(victim.pk)
 
 
@@ -76,4 +77,24 @@ def test_without_a_reset_the_lock_holds_even_for_the_right_password(client, vict
     assert "_auth_user_id" not in client.session
     cache.clear()  # the lock's five minutes, passed
     _login(client, "vera", PASSWORD, ip="192.0.2.11")
+    assert client.session.get("_auth_user_id") == str(victim.pk)
+
+
+def test_an_attacker_locking_again_during_the_reset_does_not_keep_the_owner_out(client, victim):
+    """A completed reset signs its owner in (``ACCOUNT_LOGIN_ON_PASSWORD_RESET``): locking the
+    account again between the e-mail and the new password (5 tries per 5 minutes suffice) no
+    longer keeps them out (hostile re-test of F6)."""
+    for i in range(5):
+        _login(client, "vera", f"guess-{i}", ip=f"198.51.100.{i + 1}")
+    client.post("/accounts/password/reset/", {"email": victim.email}, REMOTE_ADDR="192.0.2.10")
+    link = re.search(r"https?://[^/\s]+(/accounts/password/reset/key/\S+/)", mail.outbox[-1].body)
+    form = client.get(link.group(1), REMOTE_ADDR="192.0.2.10")
+    attacker = client.__class__()
+    for i in range(5):
+        _login(attacker, "vera", f"again-{i}", ip=f"203.0.113.{i + 1}")
+    client.post(
+        form["Location"],
+        {"password1": NEW_PASSWORD, "password2": NEW_PASSWORD},
+        REMOTE_ADDR="192.0.2.10",
+    )
     assert client.session.get("_auth_user_id") == str(victim.pk)

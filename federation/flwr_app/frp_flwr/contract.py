@@ -1268,12 +1268,16 @@ class SiteLimits(_Record):
 class CallbackAnswer(_Record):
     """The portal's answer to an event: ``drop_sites`` are sites to leave out from the next round
     (a revoked grant, or replies out of bounds); ``limits`` bound each site's replies
-    (:class:`SiteLimits`); ``error`` says why an event was refused."""
+    (:class:`SiteLimits`); ``error`` says why an event was refused. ``contribution``: false once
+    the portal no longer allows the closing evaluation to send coalition models (a data steward
+    withdrew the Shapley opt-in, or a site's grant was revoked, during the run: ADR 0036); the
+    ServerApp then measures no contribution, whatever its run config said. Absent: true."""
 
     ok: bool = True
     drop_sites: list[str] = field(default_factory=list)
     error: str = ""
     limits: dict[str, SiteLimits] = field(default_factory=dict)
+    contribution: bool = True
 
     @classmethod
     def from_json(cls, raw: Any, where: str = "answer") -> CallbackAnswer:
@@ -1288,6 +1292,7 @@ class CallbackAnswer(_Record):
                     "drop_sites": _site_list,
                     "error": _text,
                     "limits": lambda v, w: read_site_map(v, w, SiteLimits.from_json),
+                    "contribution": read_bool,
                 },
             )
         )

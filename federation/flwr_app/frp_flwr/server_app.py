@@ -1250,9 +1250,20 @@ def _start(grid: Grid, cfg: RunConfig, reporter: Reporter, found: _Discovered) -
         )
     )  # xgboost: the empty booster (frp_flwr.models.TreesModel)
     players = sorted(active)  # contribution players: index = position
-    return _make_run(
+    run = _make_run(
         grid, cfg, reporter, found, prepared, arrays, limits, faulty, players, _arrays(arrays)
     )
+    _heed_contribution(run, answer)
+    return run
+
+
+def _heed_contribution(run: _Run, answer: CallbackAnswer) -> None:
+    """Turn the run's contribution off for good when the portal's ``answer`` says it is no
+    longer allowed (a steward withdrew the Shapley opt-in, or a grant was revoked, ADR 0036): no
+    coalition model is built or sent after this, whatever the run config said."""
+    if run.cfg.contribution and not answer.contribution:
+        run.cfg = replace(run.cfg, contribution=False)
+        log.info("job %s: the portal withdrew the contribution; none is measured", run.cfg.job_id)
 
 
 def _make_run(
@@ -1539,6 +1550,7 @@ def _post_round(
             **run.aggregate_eval,
         )
     )
+    _heed_contribution(run, answer)
     _drop_sites(run, rnd, sites_out, answer)
     return answer
 
@@ -1887,7 +1899,8 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter, *, store=None) -> No
     Steps: :func:`_discover_sites`, :func:`_start` (the federated preprocessing, posted with
     ``started``; classes; initial model), ``num_rounds`` × :func:`_round` (train, evaluate,
     ``round``, drop sites), :func:`_finish` (``finished``) and, unless ``cfg.contribution`` is
-    off, :func:`_report_contribution`. Raises ``JobFailed`` with the reason the run cannot go on.
+    off (or the portal's answer to an event turned it off, :func:`_heed_contribution`),
+    :func:`_report_contribution`. Raises ``JobFailed`` with the reason the run cannot go on.
     """
     found = _discover_sites(grid, cfg, reporter)
     if cfg.resume_round:
@@ -1902,7 +1915,7 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter, *, store=None) -> No
     if run.fused:
         _close(run)
     _finish(run)
-    if cfg.contribution and not run.is_trees and run.secagg is None:
+    if run.cfg.contribution and not run.is_trees and run.secagg is None:
         # trees: data volume, at the portal (ADR 0023); SecAgg+: no update to rebuild coalitions from
         _report_contribution(run)
 
@@ -2009,6 +2022,7 @@ def _resume(grid: Grid, cfg: RunConfig, reporter: Reporter, found: _Discovered, 
         saved.players,
         saved.initial,
     )
+    _heed_contribution(run, answer)
     run.history = list(saved.history)
     checkpoints.strategy_restore(run.strategy, saved.state)
     log.info("job %s resumed after round %d", cfg.job_id, cfg.resume_round)
