@@ -1159,13 +1159,13 @@ def job_callback_record(*, job_id: int, seq: int, event: contract.Event) -> cont
     limits = {slug: site_limits(js) for slug, js in sites.items()}
 
     drop = _revoked_sites(job, sites)
+    revoked = list(drop)  # grants no longer valid (impostors and refused figures follow)
     if isinstance(event, contract.Started):  # impostor nodes (``_record_started``)
         drop += [
             slug
             for slug in event.nodes
             if slug not in drop and sites[slug].status == JobSiteStatus.FAILED
         ]
-    revoked = list(drop)
     if isinstance(event, contract.Round):  # the ServerApp drops these before its next round
         _mark_dropped(sites, drop, after_round=event.round)
         drop += [  # sites whose figures this round were refused (``_round_problem``)
