@@ -1176,11 +1176,13 @@ def job_callback_record(*, job_id: int, seq: int, event: contract.Event) -> cont
     return contract.CallbackAnswer(
         drop_sites=drop,
         limits=limits,
-        contribution=_shapley_still_allowed(job, sites, revoked=revoked),
+        contribution=_shapley_still_allowed(job, sites, revoked=revoked, event=event),
     )
 
 
-def _shapley_still_allowed(job: FederatedJob, sites: dict[str, JobSite], *, revoked) -> bool:
+def _shapley_still_allowed(
+    job: FederatedJob, sites: dict[str, JobSite], *, revoked, event: contract.Event
+) -> bool:
     """Whether the run may still send coalition models (ADR 0036), answered with every event.
 
     The consent recorded at launch ends for good when, during the run, a site's steward turns
@@ -1188,14 +1190,31 @@ def _shapley_still_allowed(job: FederatedJob, sites: dict[str, JobSite], *, revo
     becomes false (audited, and a ledger leaf naming the sites), and the answer tells the
     ServerApp, which then builds no coalition model. Once the closing message has gone out it
     cannot be recalled: a withdrawal reaches the closing evaluation only through an event
-    answered before it. ``sites``: slug → JobSite with ``dataset_version__dataset`` loaded."""
+    answered before it, and the leaf says whether that message may already have gone out
+    (``closing_sent``: the event is the last round's or later). A job launched before the rule
+    existed (``shapley_consent`` empty) meeting datasets that are not opted in is recorded as
+    such (``launched_before_opt_in``), not as a withdrawal. ``sites``: slug → JobSite with
+    ``dataset_version__dataset`` loaded."""
     if job.shapley_consent is False:
         return False
-    withdrawn = sorted(
+    not_in = sorted(
         slug for slug, js in sites.items() if not js.dataset_version.dataset.shapley_opt_in
     )
-    if not withdrawn and not revoked:
+    if not not_in and not revoked:
         return True
+    legacy = job.shapley_consent is None
+    rnd = getattr(event, "round", None)
+    record = {
+        "job": job.pk,
+        "event": event.name,
+        "round": rnd,
+        "closing_sent": event.name in ("finished", "contribution")
+        or (rnd is not None and rnd >= job.num_rounds),
+        "launched_before_opt_in": legacy,
+        "opt_in_withdrawn": [] if legacy else not_in,
+        "grant_revoked": sorted(revoked),
+        "at": timezone.now().isoformat(),
+    }
     job.shapley_consent = False
     job.save(update_fields=["shapley_consent"])
     audit_record(
@@ -1203,18 +1222,9 @@ def _shapley_still_allowed(job: FederatedJob, sites: dict[str, JobSite], *, revo
         action="job.shapley_consent_ended",
         target=job,
         institution=job.project.institution,
-        opt_in_withdrawn=withdrawn,
-        grant_revoked=sorted(revoked),
+        **{k: v for k, v in record.items() if k not in ("job", "at")},
     )
-    ledger_append(
-        kind="job.shapley_ended",
-        record={
-            "job": job.pk,
-            "opt_in_withdrawn": withdrawn,
-            "grant_revoked": sorted(revoked),
-            "at": timezone.now().isoformat(),
-        },
-    )
+    ledger_append(kind="job.shapley_ended", record=record)
     return False
 
 

@@ -67,11 +67,20 @@ class AccountAdapter(DefaultAccountAdapter):
     def is_open_for_signup(self, request) -> bool:
         return settings.FRP_OPEN_SIGNUP
 
+    def _delete_login_attempts_cached_email(self, request, **credentials) -> None:
+        """Nothing: allauth calls this on a completed reset for *every* address of the
+        resetting account, unverified ones included, and clears every rate of the lock, the
+        per-address one too — so anyone could add a victim's address to their own account,
+        reset their own password and lift the victim's lock (hostile re-test of F6).
+        :func:`lift_sign_in_lock` does it instead, for the owner's verified names only."""
+
 
 def lift_sign_in_lock(sender, request, user, **kwargs) -> None:
     """On allauth's ``password_reset`` signal: clear the per-account part of the failed-sign-in
-    lock (``login_failed``'s ``…/key`` rates) of every name ``user`` signs in with — username,
-    ``user.email`` and each address of theirs. The per-address part (``…/ip``) stays.
+    lock (``login_failed``'s ``…/key`` rates) of every name ``user`` signs in with — username
+    and each *verified* address of theirs (an unverified one may be someone else's). The
+    per-address part (``…/ip``) stays (allauth's own clearing is off, see
+    ``AccountAdapter._delete_login_attempts_cached_email``).
 
     allauth clears the lock for the account's ``EmailAddress`` rows only, so an account locked
     by failures under its *username* stayed locked after its owner reset the password (issue 9,
@@ -88,8 +97,10 @@ def lift_sign_in_lock(sender, request, user, **kwargs) -> None:
     if not per_key:
         return
     adapter = get_adapter(request)
-    names = {user.get_username(), user.email or ""}
-    names |= set(EmailAddress.objects.filter(user_id=user.pk).values_list("email", flat=True))
+    names = {user.get_username()}
+    names |= set(
+        EmailAddress.objects.filter(user_id=user.pk, verified=True).values_list("email", flat=True)
+    )
     for name in sorted(n for n in names if n):
         ratelimit.clear(
             request,

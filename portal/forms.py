@@ -2,10 +2,31 @@
 
 from __future__ import annotations
 
+from allauth.account.forms import ResetPasswordForm as AllauthResetPasswordForm
 from django import forms
 
 from portal.choice_fields import ModelChoiceField
 from portal.models import IdPProtocol, ProjectRole, Role
+
+
+class ResetPasswordForm(AllauthResetPasswordForm):
+    """allauth's password-reset request, without the accounts that sign in only through their
+    institution's single sign-on (a social account and no usable password): a reset would give
+    such an account a local password and, with ``ACCOUNT_LOGIN_ON_PASSWORD_RESET``, sign it in
+    past the IdP — a person the IdP removed, or its MFA (hostile re-test of issue 9, F6). Their
+    addresses are treated as unknown (allauth's enumeration-safe path: no reset link is sent)."""
+
+    def clean_email(self) -> str:
+        from allauth.socialaccount.models import SocialAccount
+
+        email = super().clean_email()
+        sso_only = set(
+            SocialAccount.objects.filter(user__in=[u.pk for u in self.users]).values_list(
+                "user_id", flat=True
+            )
+        )
+        self.users = [u for u in self.users if u.has_usable_password() or u.pk not in sso_only]
+        return email
 
 
 class SSODiscoverForm(forms.Form):

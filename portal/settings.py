@@ -160,6 +160,8 @@ ACCOUNT_SESSION_REMEMBER = False
 # anyone can lock an account's password sign-in by failing it, and its owner gets in through
 # the mailbox even when the lock is set again at once (issue 9, F6; portal.adapters).
 ACCOUNT_LOGIN_ON_PASSWORD_RESET = True
+# Accounts that sign in only through single sign-on get no reset link (portal.forms).
+ACCOUNT_FORMS = {"reset_password": "portal.forms.ResetPasswordForm"}
 # Secrets at rest (OIDC client secrets): Fernet keys, comma-separated, the first encrypts
 # (portal/secretbox.py). Empty: the key file below, created (0600, folder 0700) on first use.
 FRP_FIELD_KEYS = env.list("FRP_FIELD_KEYS", default=[])

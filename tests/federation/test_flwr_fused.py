@@ -525,6 +525,41 @@ def test_a_portal_answer_withdrawing_the_contribution_stops_every_coalition_mode
         server_app.run_job(grid, _cfg(rounds=3), portal)
         assert portal.of("finished")
         if withdraw:
-            assert not pushed and not portal.of("contribution")
+            assert not pushed
+            (event,) = portal.of("contribution")  # says why, measures nothing
+            assert "withdrew it during the run" in event.error and not event.utilities
         else:
             assert pushed and portal.of("contribution")
+
+
+@pytest.mark.parametrize("lost", ["refused", "unreadable"])
+def test_a_lost_answer_turns_the_contribution_off_it_fails_closed(lost):
+    """The answer that ended the consent may be the one lost (a timeout after the portal's
+    commit, then a retry refused as a replay): an answer that is not ok — refused, or outside
+    the contract — turns the contribution off, so no coalition model is sent (hostile re-test)."""
+    from frp_flwr.contract import CallbackAnswer
+
+    class Losing(Portal):
+        def post(self, event):
+            answer = super().post(event)
+            if event.name == "round" and event.round == 1:
+                if lost == "refused":
+                    return CallbackAnswer(ok=False, error="HTTP 409")
+                return server_app._answer(b'{"ok": "maybe"}')
+            return answer
+
+    portal = Losing(_limits())
+    grid = CountingGrid(_honest(), _cfg(rounds=3).to_flower())
+    pushed = []
+    push = grid.push_messages
+
+    def spy(messages):
+        messages = list(messages)
+        pushed.extend(m for m in messages if "models" in m.content)
+        return push(messages)
+
+    grid.push_messages = spy
+    server_app.run_job(grid, _cfg(rounds=3), portal)
+    assert portal.of("finished") and not pushed
+    (event,) = portal.of("contribution")
+    assert "had no answer from the portal" in event.error

@@ -39,7 +39,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from federation import services
-from federation.models import FederatedJob, JobStatus
+from federation.models import ComputePool, FederatedJob, JobStatus
 from frp_flwr import contract
 from frp_flwr.task import L2_PENALTY, centralised_c
 from tests.federation.conftest import flower_world, wait_for
@@ -107,6 +107,9 @@ def _centralised(w, job) -> tuple[float, int]:
 def outcome(wine_world, django_db_blocker) -> Outcome:
     w = wine_world
     with django_db_blocker.unblock():
+        # Both jobs at once (the world's pools take one): the diverging one runs beside the
+        # wine job instead of after it
+        ComputePool.objects.filter(site__in=[v.dataset.site for v in w.versions]).update(slots=2)
         client = Client()
         client.force_login(w.researcher)
         # Tick the datasets and the target: the columns table is drawn for them.
@@ -127,10 +130,6 @@ def outcome(wine_world, django_db_blocker) -> Outcome:
             j = FederatedJob.objects.get(pk=pk)
             return j if j.is_terminal else None
 
-        job = wait_for(lambda: done(job.pk), timeout=600, what="the wine job to finish")
-        job_page = client.get(f"/jobs/{job.pk}/").content.decode()
-        centralised, test_rows = _centralised(w, job)
-
         diverging = services.job_submit(
             by=w.researcher,
             project=w.project,
@@ -141,6 +140,9 @@ def outcome(wine_world, django_db_blocker) -> Outcome:
             local_epochs=100,
             learning_rate=10.0,
         )
+        job = wait_for(lambda: done(job.pk), timeout=600, what="the wine job to finish")
+        job_page = client.get(f"/jobs/{job.pk}/").content.decode()
+        centralised, test_rows = _centralised(w, job)
         diverged = wait_for(lambda: done(diverging.pk), timeout=600, what="the diverging job")
         logs = Path(w.federation.logs["superlink"]).read_text(errors="replace")
         return Outcome(job, form_page, job_page, centralised, test_rows, diverged, logs)

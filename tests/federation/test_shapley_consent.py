@@ -362,3 +362,29 @@ def test_a_layer_of_thousands_of_digits_is_refused_inline(client, world):
     )
     assert response.status_code == 200
     assert "at most 64 characters" in response.content.decode()
+
+
+def test_the_end_leaf_says_whether_the_closing_message_may_have_gone_out(
+    world, fake_superlink, launch
+):
+    job = launch(world, num_rounds=2)
+    a, b = (v.dataset.site.slug for v in world["versions"])
+    _opt_out(world["versions"][0])
+    _round_event(job, a, b, rnd=2)  # the last round's event: the closing message went with it
+    leaf = json.loads(LedgerEntry.objects.order_by("-index").first().data)
+    assert leaf["kind"] == "job.shapley_ended"
+    assert (leaf["event"], leaf["round"], leaf["closing_sent"]) == ("round", 2, True)
+    assert leaf["opt_in_withdrawn"] == [a] and leaf["launched_before_opt_in"] is False
+
+
+def test_a_job_launched_before_the_rule_is_recorded_as_such_not_as_a_withdrawal(
+    world, fake_superlink, launch
+):
+    job = launch(world, num_rounds=3)
+    FederatedJob.objects.filter(pk=job.pk).update(shapley_consent=None)  # as before 0016
+    Dataset.objects.update(shapley_opt_in=False)  # the migration's default
+    a, b = (v.dataset.site.slug for v in world["versions"])
+    assert _round_event(job, a, b)["contribution"] is False
+    leaf = json.loads(LedgerEntry.objects.order_by("-index").first().data)
+    assert leaf["launched_before_opt_in"] is True and leaf["opt_in_withdrawn"] == []
+    assert leaf["closing_sent"] is False

@@ -98,3 +98,53 @@ def test_an_attacker_locking_again_during_the_reset_does_not_keep_the_owner_out(
         REMOTE_ADDR="192.0.2.10",
     )
     assert client.session.get("_auth_user_id") == str(victim.pk)
+
+
+def _reset_as(client, email: str, ip: str):
+    mail.outbox.clear()
+    client.post("/accounts/password/reset/", {"email": email}, REMOTE_ADDR=ip)
+    found = [
+        re.search(r"https?://[^/\s]+(/accounts/password/reset/key/\S+/)", m.body)
+        for m in mail.outbox
+    ]
+    found = [f for f in found if f]
+    if not found:
+        return None
+    form = client.get(found[0].group(1), REMOTE_ADDR=ip)
+    return client.post(
+        form["Location"], {"password1": NEW_PASSWORD, "password2": NEW_PASSWORD}, REMOTE_ADDR=ip
+    )
+
+
+def test_someone_elses_unverified_address_does_not_lift_the_victims_lock(client, victim):
+    """An attacker adds the victim's address, unverified, to their own account and resets their
+    own password: allauth cleared the lock of every address of the resetting account (and the
+    per-address limit with it). Now only the owner's verified names are cleared (hostile re-test
+    of F6)."""
+    from allauth.account.models import EmailAddress
+
+    attacker = UserFactory(username="mallory", email="mallory@uni-b.example")
+    attacker.set_password(PASSWORD)
+    attacker.save()
+    EmailAddress.objects.create(user=attacker, email=victim.email, verified=False, primary=False)
+    other = client.__class__()
+    for i in range(5):
+        _login(other, victim.email, f"guess-{i}", ip="203.0.113.9")
+    assert _reset_as(other, attacker.email, ip="203.0.113.9") is not None
+    other.logout()
+    _login(other, victim.email, PASSWORD, ip="203.0.113.9")
+    assert "_auth_user_id" not in other.session  # still locked
+
+
+def test_an_account_that_signs_in_only_by_sso_gets_no_reset_link(client):
+    """A reset would give it a local password and, signed in on reset, pass its IdP by."""
+    from allauth.socialaccount.models import SocialAccount
+
+    user = UserFactory(username="sso-sam", email="sam@uni-a.example")
+    user.set_unusable_password()
+    user.save()
+    SocialAccount.objects.create(user=user, provider="uni-a-oidc", uid="sub-123")
+    assert _reset_as(client, user.email, ip="192.0.2.60") is None
+    assert "_auth_user_id" not in client.session
+    user.refresh_from_db()
+    assert not user.has_usable_password()

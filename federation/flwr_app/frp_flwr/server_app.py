@@ -260,7 +260,7 @@ def _answer(raw: bytes) -> CallbackAnswer:
         return CallbackAnswer.from_json(json.loads(raw or b"{}"))
     except (ValueError, RecursionError) as exc:
         log.warning("the portal's answer does not fit the contract: %s", exc)
-        return CallbackAnswer()
+        return CallbackAnswer(ok=False, error="the portal's answer does not fit the contract")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1064,6 +1064,8 @@ class _Run:
     fused_metering: dict = field(default_factory=dict)
     #: the contribution event a fused run's closing message scored (posted after ``finished``)
     contribution: Contribution | None = None
+    #: why the contribution was turned off during the run (:func:`_heed_contribution`), or ""
+    contribution_off: str = ""
 
     @property
     def fused(self) -> bool:
@@ -1259,11 +1261,22 @@ def _start(grid: Grid, cfg: RunConfig, reporter: Reporter, found: _Discovered) -
 
 def _heed_contribution(run: _Run, answer: CallbackAnswer) -> None:
     """Turn the run's contribution off for good when the portal's ``answer`` says it is no
-    longer allowed (a steward withdrew the Shapley opt-in, or a grant was revoked, ADR 0036): no
-    coalition model is built or sent after this, whatever the run config said."""
-    if run.cfg.contribution and not answer.contribution:
+    longer allowed (a steward withdrew the Shapley opt-in, or a grant was revoked, ADR 0036), or
+    when there is no answer to go by (the portal refused the event, did not answer, or answered
+    outside the contract: the answer that ended the consent may be the one lost, and a retry
+    of an event the portal recorded is refused as a replay). Fails closed: no coalition model
+    is built or sent after this, whatever the run config said; the contribution event says why
+    (the sites are then credited by data volume or not at all, never disclosed)."""
+    if not run.cfg.contribution:
+        return
+    if not answer.ok or not answer.contribution:
         run.cfg = replace(run.cfg, contribution=False)
-        log.info("job %s: the portal withdrew the contribution; none is measured", run.cfg.job_id)
+        run.contribution_off = (
+            "the portal withdrew it during the run (a data steward's opt-in or a grant ended)"
+            if answer.ok
+            else f"an event of the run had no answer from the portal ({answer.error or 'none'})"
+        )
+        log.info("job %s: contribution off: %s", run.cfg.job_id, run.contribution_off)
 
 
 def _make_run(
@@ -1915,9 +1928,14 @@ def run_job(grid: Grid, cfg: RunConfig, reporter: Reporter, *, store=None) -> No
     if run.fused:
         _close(run)
     _finish(run)
-    if run.cfg.contribution and not run.is_trees and run.secagg is None:
-        # trees: data volume, at the portal (ADR 0023); SecAgg+: no update to rebuild coalitions from
-        _report_contribution(run)
+    # trees: data volume, at the portal (ADR 0023); SecAgg+: no update to rebuild coalitions from
+    if not run.is_trees and run.secagg is None:
+        if run.contribution is not None or run.cfg.contribution:
+            # scored in the closing message (before any later answer turned it off: the
+            # portal refuses it if the consent has ended), or to be scored now
+            _report_contribution(run)
+        elif run.contribution_off:
+            run.reporter.post(Contribution(players=run.players, error=run.contribution_off))
 
 
 def reporter_for(cfg: RunConfig, *, run_id: int, environ=None) -> Reporter:
