@@ -57,9 +57,9 @@ def post(client, job: FederatedJob, body: bytes, headers: dict | None = None):
     )
 
 
-def record_one_round(job: FederatedJob, train_examples: dict[str, int]) -> None:
-    """Record a round in which every site of ``train_examples`` (slug → rows) trained, with a
-    quarter as many held-out rows, then ``finished`` (accuracy 0.9, a 1×1 model)."""
+def record_round(job: FederatedJob, rnd: int, train_examples: dict[str, int]) -> dict:
+    """Record round ``rnd`` in which every site of ``train_examples`` (slug → rows) trained,
+    with a quarter as many held-out rows; the portal's answer as JSON."""
     site = {
         "ok": True,
         "train_loss": 0.5,
@@ -72,5 +72,10 @@ def record_one_round(job: FederatedJob, train_examples: dict[str, int]) -> None:
         slug: {**site, "train_examples": n, "eval_examples": max(1, n // 4)}
         for slug, n in train_examples.items()
     }
-    record(job, {"event": "round", "round": 1, "sites": sites})
+    return record(job, {"event": "round", "round": rnd, "sites": sites})
+
+
+def record_one_round(job: FederatedJob, train_examples: dict[str, int]) -> None:
+    """:func:`record_round` 1, then ``finished`` (accuracy 0.9, a 1×1 model)."""
+    record_round(job, 1, train_examples)
     record(job, {"event": "finished", "rounds": 1, "eval_accuracy": 0.9, "model": [[1.0]]})

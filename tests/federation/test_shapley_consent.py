@@ -28,7 +28,7 @@ from sandbox import services as sandbox_services
 from sandbox.models import Dataset
 from tests.factories import MembershipFactory, UserFactory
 from tests.federation import test_services
-from tests.federation.callback_support import record_one_round
+from tests.federation.callback_support import record_one_round, record_round
 
 world, fake_superlink, launch = (
     test_services.world,
@@ -219,19 +219,7 @@ def test_rules_through_the_dataset_page(client, world):
 
 
 def _round_event(job, a, b, rnd=1):
-    from tests.federation.callback_support import record
-
-    site = {
-        "ok": True,
-        "train_loss": 0.5,
-        "cpu_seconds": 0.1,
-        "wall_seconds": 0.1,
-        "bytes_received": 10,
-        "bytes_sent": 10,
-        "train_examples": 40,
-        "eval_examples": 10,
-    }
-    return record(job, {"event": "round", "round": rnd, "sites": {a: site, b: site}})
+    return record_round(job, rnd, {a: 40, b: 40})
 
 
 def test_a_steward_withdrawing_during_the_run_ends_the_contribution_at_the_next_answer(
