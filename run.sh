@@ -62,10 +62,13 @@ cleanup() {
   echo "Stopping the portal, the Celery worker and the local federation ..."
   for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill "$pid" 2>/dev/null || true; done
   # Celery's warm shutdown lets a running task finish: wait up to 30 s, then end it.
-  for _ in $(seq 1 150); do
-    alive=0
-    for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && alive=1; done
-    [ "$alive" = 0 ] && break
+  for i in $(seq 1 150); do
+    alive=()
+    for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && alive+=("$pid"); done
+    [ "${#alive[@]}" = 0 ] && break
+    if [ $((i % 25)) = 0 ]; then  # every 5 s: who is still finishing, so the wait is not silent
+      echo "  ... still stopping after $((i / 5)) s (at most 30 s): $(ps -o comm= -p "$(IFS=,; echo "${alive[*]}")" | sort -u | tr '\n' ' ')"
+    fi
     sleep 0.2
   done
   for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null || true; done
