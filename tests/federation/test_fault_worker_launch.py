@@ -85,7 +85,9 @@ def test_worker_killed_while_launching_leaves_one_run_found_by_its_nonce(world, 
         launches = AuditEvent.objects.filter(
             action="job.launch", target_type="federation.federatedjob", target_id=str(job.pk)
         )
-        assert [e.data for e in launches] == [{"run_id": run.run_id, "found_by_nonce": True}]
+        assert [e.data for e in launches] == [
+            {"run_id": run.run_id, "found_by_nonce": True, "shapley_consent": True}
+        ]
         assert not AuditEvent.objects.filter(action="job.orphan_run_stop").exists()
 
         # Callbacks are accepted only from the job's recorded run.
