@@ -78,7 +78,8 @@ def test_secagg_job_is_scored_by_data_volume_and_its_page_says_why(
     client.force_login(world["pi"])
     page = client.get(f"/jobs/{job.pk}/").content.decode()
     assert 'id="secure-aggregation"' in page
-    assert "Contribution method: data volume and compute" in page
+    row = page[page.index('id="job-contribution-basis"') :]
+    assert row[: row.index("</dd>")].count("Data volume and compute") == 1
     assert "no site&#x27;s own update exists" in page or "no site's own update exists" in page
 
 
