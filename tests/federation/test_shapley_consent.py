@@ -84,7 +84,7 @@ def test_opted_in_launch_sends_contribution(client, world, fake_superlink, launc
     Dataset.objects.update(shapley_opt_in=False)
     client.force_login(world["pi"])
     page = client.get(f"/jobs/{job.pk}/").content.decode()
-    assert "had opted in when the job was launched. <span id=\"job-contribution-method\">" in page
+    assert 'had opted in when the job was launched. <span id="job-contribution-method">' in page
 
 
 def test_opted_out_job_is_credited_by_data_volume_and_its_pages_say_why(
