@@ -238,9 +238,6 @@ class TickField(forms.BooleanField):
             return True
         raise forms.ValidationError('A check box is sent as "on" or not at all.')
 
-    def validate(self, value):  # not required: False is a value
-        pass
-
 
 class DatasetRulesForm(forms.Form):
     """A data steward's standing rules for one dataset: the airlock's automatic release and the
