@@ -540,6 +540,7 @@ def job_run_config(job: FederatedJob) -> contract.RunConfig:
         local_epochs=job.local_epochs,
         learning_rate=float(job.learning_rate),
         round_timeout=float(settings.FRP_ROUND_TIMEOUT),
+        poll_interval=float(settings.FRP_SERVERAPP_POLL_SECONDS),
         reply_log=(
             str(Path(settings.FRP_REPLY_LOG_DIR) / f"job-{job.pk}-replies.jsonl")
             if settings.FRP_REPLY_LOG_DIR

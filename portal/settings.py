@@ -362,6 +362,15 @@ if not DEBUG and not FRP_CALLBACK_KEY and "FRP_CALLBACK_KEY_FILE" not in os.envi
 FRP_MODEL_STORE_URL = env.str("FRP_MODEL_STORE_URL", default=(VAR_DIR / "model-store").as_uri())
 # A round with no reply within this many seconds drops the silent sites (FedAvg's default: 3600 s).
 FRP_ROUND_TIMEOUT = env.float("FRP_ROUND_TIMEOUT", default=120.0)
+# Seconds between the ServerApp's pulls of replies from the SuperLink (run config
+# ``poll-interval``; frp_flwr.contract.RunConfig's default): shorter answers a round sooner, at
+# a small gRPC call per pull for both processes.
+FRP_SERVERAPP_POLL_SECONDS = env.float("FRP_SERVERAPP_POLL_SECONDS", default=0.2)
+if not 0.001 <= FRP_SERVERAPP_POLL_SECONDS <= 60:
+    raise ImproperlyConfigured(
+        f"FRP_SERVERAPP_POLL_SECONDS must be 0.001–60 s (the run config's range), "
+        f"not {FRP_SERVERAPP_POLL_SECONDS}"
+    )
 # An active job whose SuperLink has not answered for this long (seconds) is failed; the job page
 # says the SuperLink is unreachable from the first reconcile tick that finds it so.
 FRP_SUPERLINK_LOST_SECONDS = env.float("FRP_SUPERLINK_LOST_SECONDS", default=120.0)

@@ -36,6 +36,12 @@ from sandbox.models import Dataset
 
 CANARY_TEXT = "CANARY-ZX81-7f3a9c"
 CANARY_NUMBER = "28.1122334455"  # planted as mean_radius of one row (the real maximum is 28.11)
+#: The SuperExecs' task poll of the test federations (seconds): Flower's own default, not the
+#: product's 0.2 s (``runtime.SUPEREXEC_POLL_SECONDS``, measured in test_runtime.py). CI runs three
+#: federations at once on 2 cores; at 0.2 s an idle 3-site federation's SuperExecs and SuperLink
+#: took 17 % of a core (measured: 5.0 CPU-s in 30 s), at 1.0 s 5.7 % (1.7 CPU-s), which the
+#: ClientApps of the other modules need more than a message needs its 0.4 s.
+TEST_SUPEREXEC_POLL = 1.0
 
 
 @dataclass
@@ -205,6 +211,7 @@ def flower_world(
                 host=superlink_host,
                 tls_names=tls_names,
                 fleet_gateway_on=fleet_gateway_on,
+                superexec_poll=TEST_SUPEREXEC_POLL,
             )
             runtime.write_state_control_config(
                 dj_settings.FRP_FLWR_HOME, dj_settings.FRP_FEDERATION_NAME, state
@@ -216,6 +223,9 @@ def flower_world(
                 FRP_FLWR_HOME=str(dj_settings.FRP_FLWR_HOME),
                 FRP_CALLBACK_BASE_URL=live_server.url,
                 FRP_RECONCILE_SECONDS="1",
+                # The ServerApps pull replies every 0.5 s, not the product's 0.2 s: with three
+                # federations on 2 cores the SuperLink's answers cost the ClientApps' CPU.
+                FRP_SERVERAPP_POLL_SECONDS="0.5",
                 # No periodic ledger checkpoint during a module (its task has its own tests): a
                 # worker transaction must not overlap the live server's flush between tests.
                 FRP_LEDGER_CHECKPOINT_SECONDS="3600",

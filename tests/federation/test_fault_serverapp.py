@@ -24,7 +24,9 @@ from tests.federation.conftest import flower_world, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-ROUNDS = 4
+#: The kill comes after the round-1 checkpoint; at most the round in flight ends after it, so a
+#: third round is always left to resume (each round costs every site a ClientApp process).
+ROUNDS = 3
 
 
 @pytest.fixture(scope="module")
@@ -69,13 +71,13 @@ def test_serverapp_killed_mid_job_is_resumed_and_completes_as_an_uninterrupted_j
         pk = job.pk
         assert artifacts.checkpoint_round(job) == 0  # the store holds no other job's under pk
         wait_for(
-            lambda: artifacts.checkpoint_round(fs.job(pk)) >= 2,
+            lambda: artifacts.checkpoint_round(fs.job(pk)) >= 1,
             timeout=600,
             interval=0.2,
-            what="the round 2 checkpoint",
+            what="the round 1 checkpoint",
         )
         # The sites are frozen first, so no further round can end between the checkpoint seen
-        # and the kill however loaded the machine (at most the round in flight ends: saved ≤ 3).
+        # and the kill however loaded the machine (at most the round in flight ends: saved ≤ 2).
         # The ServerApp's pid is read only then: read earlier, it can be the previous job's
         # ServerApp still exiting after its run completed.
         frozen = fs.freeze_sites(world)
@@ -95,7 +97,7 @@ def test_serverapp_killed_mid_job_is_resumed_and_completes_as_an_uninterrupted_j
         failed = fs.wait_terminal(pk, timeout=600, world=world)
         saved = artifacts.checkpoint_round(failed)
         assert failed.status == JobStatus.FAILED, (failed.status_detail, saved, pids)
-        assert 2 <= saved < ROUNDS
+        assert 1 <= saved < ROUNDS
 
         services.job_resume(by=world.researcher, job_id=pk)
         done = fs.wait_terminal(pk, timeout=900, world=world)

@@ -31,7 +31,7 @@ from flwr.common import bytes_to_ndarray
 
 from accounting.models import ContributionScore
 from federation import artifacts, services
-from federation.models import FederatedJob, JobStatus
+from federation.models import ComputePool, FederatedJob, JobStatus
 from frp_flwr import contract
 from frp_flwr.preprocess import Fitted, site_frame, transform
 from frp_flwr.task import train_sgd
@@ -41,7 +41,9 @@ from tests.federation.job_form import decrypted_table, job_form_data
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SITES = ("hospital-a", "hospital-b", "hospital-c")
-ROUNDS, EPOCHS, LR = 3, 3, 0.1
+#: Two rounds: the second starts from the first's secure aggregate, which is what the recomputation
+#: checks; each round costs every site four ClientApp processes (SecAgg+'s exchanges).
+ROUNDS, EPOCHS, LR = 2, 3, 0.1
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +69,8 @@ def _done(pk):
 def jobs(secagg_world, django_db_blocker):
     w = secagg_world
     with django_db_blocker.unblock():
+        # The plain reference job runs beside the SecAgg job (the world's pools take one job).
+        ComputePool.objects.filter(site__in=[v.dataset.site for v in w.versions]).update(slots=2)
         client = Client()
         client.force_login(w.researcher)
         form_page, data = job_form_data(
@@ -84,7 +88,6 @@ def jobs(secagg_world, django_db_blocker):
         assert response.status_code == 302, response.content.decode()[-3000:]
         secure = FederatedJob.objects.get(title="secure")
         assert secure.secure_aggregation
-        secure = wait_for(lambda: _done(secure.pk), timeout=600, what="the SecAgg job")
         plain = services.job_submit(
             by=w.researcher,
             project=w.project,
@@ -97,6 +100,7 @@ def jobs(secagg_world, django_db_blocker):
             local_epochs=EPOCHS,
             learning_rate=LR,
         )
+        secure = wait_for(lambda: _done(secure.pk), timeout=600, what="the SecAgg job")
         plain = wait_for(lambda: _done(plain.pk), timeout=600, what="the plain FedAvg job")
         if secure.status == JobStatus.COMPLETED:
             wait_for(

@@ -749,6 +749,16 @@ def test_job_submit_xgboost_stores_the_model_and_the_run_config_carries_it(world
     assert spec.model_kind == "xgboost" and spec.model["local_rounds"] == 3
 
 
+def test_run_config_carries_the_serverapps_poll_interval_setting(world, settings):
+    job = submit(world)
+    settings.FRP_SERVERAPP_POLL_SECONDS = 0.75
+
+    config = services.job_run_config(job)
+
+    assert config.poll_interval == 0.75
+    assert config.to_flower()["poll-interval"] == 0.75  # what the SuperLink stores and sends
+
+
 def test_job_submit_without_a_model_is_linear(world):
     job = submit(world)
 

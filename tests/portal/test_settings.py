@@ -31,6 +31,14 @@ def _settings(tmp_path, **env) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.parametrize("value", ["0", "61", "-1"])
+def test_a_serverapp_poll_interval_outside_the_run_configs_range_is_refused(tmp_path, value):
+    out = _settings(tmp_path, FRP_SERVERAPP_POLL_SECONDS=value)
+
+    assert out.returncode != 0
+    assert "FRP_SERVERAPP_POLL_SECONDS must be 0.001–60 s" in out.stderr
+
+
 def test_embedded_default_uses_the_local_memory_cache(tmp_path):
     out = _settings(tmp_path)
 
