@@ -6,7 +6,9 @@ worker (tests/federation/conftest.py).
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -108,14 +110,28 @@ def pytest_collection_modifyitems(config, items):
     own order (files with the most tests first, ``--no-loadscope-reorder``), which started the
     real-federation modules, a few tests each and most of the run's time, last: three of them at
     once at the end, with the quick files already done. Slow files first lets the quick ones fill
-    the processes' gaps while the federations wait. A stable sort, after pytest-django's own (which
-    puts transactional tests last): the order within each group is unchanged. Without xdist
+    the processes' gaps while the federations wait. Among the slow files the longest go first
+    (``tests/durations.json``: seconds per file, measured in a CI run; a slow file not listed
+    counts as the listed median), so that the longest module does not start last and run alone
+    at the end (longest-processing-time first). A stable sort, after pytest-django's own (which
+    puts transactional tests last): the order within each file is unchanged. Without xdist
     (``FRP_TEST_WORKERS=0``) the order is pytest-django's.
     """
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)
+    root = Path(__file__).resolve().parent.parent
+    measured = json.loads(Path(__file__).with_name("durations.json").read_text())
+    seconds = {root / name: float(s) for name, s in measured.items()}
+    listed = sorted(seconds.values())
+    median = listed[len(listed) // 2] if listed else 0.0
+
+    def order(item) -> tuple[bool, float]:
+        if item.path not in slow_files:
+            return (True, 0.0)
+        return (False, -seconds.get(item.path, median))
+
+    items.sort(key=order)
 
 
 @pytest.fixture
